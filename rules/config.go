@@ -1,0 +1,178 @@
+// Package rules generates zonewatch's Prometheus recording rules and alerts
+// from one Config (kubernetes-mixin style), as a plain rule file, as a
+// PrometheusRule manifest and as a Helm template whose knobs are chart values.
+package rules
+
+import (
+	"errors"
+	"fmt"
+	"regexp"
+	"strings"
+	"time"
+)
+
+// DefaultRunbookBaseURL is where the alerts' runbook_url links point to.
+const DefaultRunbookBaseURL = "https://github.com/zonewatch/zonewatch/blob/main/docs/runbooks.md"
+
+// Config holds everything a site may want to change in the rule pack.
+type Config struct {
+	// Selector is the label matcher (without braces) that selects the
+	// series scraped from zonewatch, e.g. `job="zonewatch"`.
+	Selector string
+	// ClusterLabel, when set, is added to every aggregation so that one
+	// Prometheus can hold several clusters without mixing their jobs.
+	ClusterLabel string
+	// RunbookBaseURL is the runbook document; each alert links to
+	// RunbookBaseURL + "#" + its section anchor.
+	RunbookBaseURL string
+
+	// CrossZoneDollarsPerGB is the price of one GB (10^9 bytes) crossing a
+	// zone boundary. Bytes are counted once, on the sending side: on clouds
+	// that bill both directions (AWS: 0.01 out + 0.01 in) use the sum.
+	CrossZoneDollarsPerGB float64
+	// GPUDollarsPerHour is what one GPU-hour costs.
+	GPUDollarsPerHour float64
+	// CrossZoneDailyBudgetDollars is the cross-zone transfer spend per job
+	// and day above which ZonewatchCrossZoneCost fires.
+	CrossZoneDailyBudgetDollars float64
+
+	// IdleGPUUtilization: a split job whose GPUs average below this (0..1)
+	// while its cross-zone traffic is dropped is stuck; its GPUs also count
+	// as idle in the idle-GPU cost rule.
+	IdleGPUUtilization float64
+	// SlowdownSMActive: a split job whose SM activity (0..1) averages below
+	// this while its traffic crosses zones is slowed by the zone hop.
+	SlowdownSMActive float64
+	// SlowdownGPUUtilization replaces SlowdownSMActive for jobs whose GPU
+	// source reports no SM activity.
+	SlowdownGPUUtilization float64
+	// DropRate is the cross-zone policy drop rate (drops/s) above which a
+	// job counts as blocked; 0 means any drop.
+	DropRate float64
+	// HubbleLostEventsRatio is the share (0..1) of Hubble events lost on a
+	// node above which ZonewatchHubbleLostEvents fires.
+	HubbleLostEventsRatio float64
+
+	// For holds every alert's `for:` duration.
+	For ForDurations
+}
+
+// ForDurations are the alerts' `for:` durations. All must be positive
+// whole milliseconds.
+type ForDurations struct {
+	IdleGPUSplitJob       time.Duration
+	CrossZoneSlowdown     time.Duration
+	CrossZoneCost         time.Duration
+	SplitZonePlacement    time.Duration
+	ExporterDown          time.Duration
+	ExporterAbsent        time.Duration
+	HubbleDisconnected    time.Duration
+	HubbleLostEvents      time.Duration
+	GPUSourceDown         time.Duration
+	ByteSourceUnavailable time.Duration
+}
+
+// DefaultConfig is the configuration of the committed rule files.
+func DefaultConfig() Config {
+	return Config{
+		Selector:                    `job="zonewatch"`,
+		RunbookBaseURL:              DefaultRunbookBaseURL,
+		CrossZoneDollarsPerGB:       0.01,
+		GPUDollarsPerHour:           4.00,
+		CrossZoneDailyBudgetDollars: 50,
+		IdleGPUUtilization:          0.05,
+		SlowdownSMActive:            0.5,
+		SlowdownGPUUtilization:      0.5,
+		DropRate:                    0,
+		HubbleLostEventsRatio:       0.01,
+		For: ForDurations{
+			IdleGPUSplitJob:       10 * time.Minute,
+			CrossZoneSlowdown:     30 * time.Minute,
+			CrossZoneCost:         time.Hour,
+			SplitZonePlacement:    15 * time.Minute,
+			ExporterDown:          15 * time.Minute,
+			ExporterAbsent:        15 * time.Minute,
+			HubbleDisconnected:    10 * time.Minute,
+			HubbleLostEvents:      15 * time.Minute,
+			GPUSourceDown:         10 * time.Minute,
+			ByteSourceUnavailable: 30 * time.Minute,
+		},
+	}
+}
+
+var labelNameRE = regexp.MustCompile(`^[a-zA-Z_][a-zA-Z0-9_]*$`)
+
+// Validate reports every problem of c at once.
+func (c Config) Validate() error {
+	var errs []error
+	if strings.TrimSpace(c.Selector) == "" || strings.ContainsAny(c.Selector, "{}") {
+		errs = append(errs, fmt.Errorf("selector %q: want label matchers without braces, e.g. job=\"zonewatch\"", c.Selector))
+	}
+	if c.ClusterLabel != "" && !labelNameRE.MatchString(c.ClusterLabel) {
+		errs = append(errs, fmt.Errorf("cluster label %q is not a valid label name", c.ClusterLabel))
+	}
+	if c.RunbookBaseURL == "" || strings.ContainsAny(c.RunbookBaseURL, "#'\" \n") {
+		errs = append(errs, fmt.Errorf("runbook base URL %q: want a URL without fragment, quotes or spaces", c.RunbookBaseURL))
+	}
+	for _, v := range []struct {
+		name     string
+		v, limit float64
+	}{
+		{"cross-zone dollars per GB", c.CrossZoneDollarsPerGB, -1},
+		{"GPU dollars per hour", c.GPUDollarsPerHour, -1},
+		{"cross-zone daily budget", c.CrossZoneDailyBudgetDollars, -1},
+		{"drop rate", c.DropRate, -1},
+		{"idle GPU utilization", c.IdleGPUUtilization, 1},
+		{"slowdown SM active", c.SlowdownSMActive, 1},
+		{"slowdown GPU utilization", c.SlowdownGPUUtilization, 1},
+		{"Hubble lost events ratio", c.HubbleLostEventsRatio, 1},
+	} {
+		if v.v < 0 || v.v != v.v || (v.limit > 0 && v.v > v.limit) {
+			errs = append(errs, fmt.Errorf("%s = %g: out of range", v.name, v.v))
+		}
+	}
+	for _, f := range c.For.list() {
+		if f.d <= 0 || f.d%time.Millisecond != 0 {
+			errs = append(errs, fmt.Errorf("for %s = %s: want a positive whole number of milliseconds", f.name, f.d))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+type namedDuration struct {
+	name string
+	d    time.Duration
+}
+
+func (f ForDurations) list() []namedDuration {
+	return []namedDuration{
+		{"idleGPUSplitJob", f.IdleGPUSplitJob},
+		{"crossZoneSlowdown", f.CrossZoneSlowdown},
+		{"crossZoneCost", f.CrossZoneCost},
+		{"splitZonePlacement", f.SplitZonePlacement},
+		{"exporterDown", f.ExporterDown},
+		{"exporterAbsent", f.ExporterAbsent},
+		{"hubbleDisconnected", f.HubbleDisconnected},
+		{"hubbleLostEvents", f.HubbleLostEvents},
+		{"gpuSourceDown", f.GPUSourceDown},
+		{"byteSourceUnavailable", f.ByteSourceUnavailable},
+	}
+}
+
+// promDuration formats d the way Prometheus writes durations ("1h30m").
+func promDuration(d time.Duration) string {
+	var b strings.Builder
+	for _, u := range []struct {
+		unit string
+		d    time.Duration
+	}{{"h", time.Hour}, {"m", time.Minute}, {"s", time.Second}, {"ms", time.Millisecond}} {
+		if n := d / u.d; n > 0 {
+			fmt.Fprintf(&b, "%d%s", n, u.unit)
+			d -= n * u.d
+		}
+	}
+	if b.Len() == 0 {
+		return "0s"
+	}
+	return b.String()
+}
