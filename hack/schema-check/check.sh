@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# Type-checks generated Grafana dashboards against the npm package
+# @grafana/schema with TypeScript (tsc --noEmit).
+#
+#   hack/schema-check/check.sh [dashboard.json...]   (default: dashboards/json/*.json)
+#
+# The pinned packages (package.json + package-lock.json here) are installed
+# with `npm ci` into a git-ignored cache keyed by their versions,
+# $ZONEWATCH_TOOLS/npm-schema-<schema>-ts<typescript>/ (default .tools/);
+# a warm run installs nothing and needs no network.
+#
+# Each dashboard becomes a .ts file that assigns its JSON, as an object
+# literal, to the type in dashboard-types.ts (read it for the one
+# allow-listed field group). Errors are reported against the JSON file and
+# line.
+#
+# Exit status: 0 all match, 1 a dashboard does not match, 2 bad arguments,
+# 3 cannot run (no node/npm, or the packages cannot be installed).
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+tools=${ZONEWATCH_TOOLS:-$root/.tools}
+
+for bin in node npm; do
+  command -v "$bin" >/dev/null 2>&1 || { echo "schema-check: $bin not found" >&2; exit 3; }
+done
+
+version() { # package name -> pinned version from package.json
+  node -e 'const p=require(process.argv[1]); process.stdout.write(p.dependencies[process.argv[2]])' "$here/package.json" "$1"
+}
+schema_version=$(version @grafana/schema)
+ts_version=$(version typescript)
+cache=$tools/npm-schema-$schema_version-ts$ts_version
+
+if [ ! -f "$cache/.done" ]; then
+  echo "schema-check: installing @grafana/schema@$schema_version typescript@$ts_version into $cache" >&2
+  rm -rf "$cache.tmp"
+  mkdir -p "$cache.tmp"
+  cp "$here/package.json" "$here/package-lock.json" "$cache.tmp/"
+  if ! (cd "$cache.tmp" && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error >&2); then
+    echo "schema-check: cannot install the pinned packages (npm ci failed; no registry access?)" >&2
+    rm -rf "$cache.tmp"
+    exit 3
+  fi
+  touch "$cache.tmp/.done"
+  rm -rf "$cache"
+  mv "$cache.tmp" "$cache"
+fi
+
+if [ $# -eq 0 ]; then
+  set -- "$root"/dashboards/json/*.json
+fi
+
+# A fresh work folder next to node_modules, so imports resolve from there.
+work=$(mktemp -d "$cache/work.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+cp "$here/dashboard-types.ts" "$here/tsconfig.json" "$work/"
+
+declare -A source
+for f in "$@"; do
+  [ -f "$f" ] || { echo "schema-check: no such file: $f" >&2; exit 2; }
+  stem=$(basename "$f" .json)
+  if [ -n "${source[$stem]:-}" ]; then
+    echo "schema-check: $f and ${source[$stem]} share the name $stem" >&2
+    exit 2
+  fi
+  # Line 1 is the header, so JSON line N is TypeScript line N+1.
+  {
+    printf "import type { ZonewatchDashboard } from './dashboard-types'; export const dashboard: ZonewatchDashboard = "
+    cat "$f"
+  } >"$work/$stem.ts"
+  source[$stem]=$f
+done
+
+set +e
+out=$(cd "$work" && node "$cache/node_modules/typescript/bin/tsc" -p tsconfig.json --pretty false 2>&1)
+rc=$?
+set -e
+
+# Map "work/x.ts(L,C): error ..." back to "dashboards/json/x.json:L-1:C: error ...".
+while IFS= read -r line; do
+  [ -n "$line" ] || continue
+  if [[ $line =~ ^([A-Za-z0-9._-]+)\.ts\(([0-9]+),([0-9]+)\):\ (.*)$ ]] && [ -n "${source[${BASH_REMATCH[1]}]:-}" ]; then
+    rel=${source[${BASH_REMATCH[1]}]#"$root"/}
+    echo "$rel:$((BASH_REMATCH[2] - 1)):${BASH_REMATCH[3]}: ${BASH_REMATCH[4]}"
+  else
+    echo "$line"
+  fi
+done <<<"$out"
+
+if [ $rc -ne 0 ]; then
+  echo "schema-check: FAIL (@grafana/schema $schema_version, typescript $ts_version)" >&2
+  exit 1
+fi
+echo "schema-check: ok: $# dashboards match @grafana/schema $schema_version (typescript $ts_version)"
