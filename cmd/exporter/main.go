@@ -1,0 +1,225 @@
+// Command zonewatch-exporter exports where training-job pods run, what the
+// network does between their zones, and how busy their GPUs are.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/alecthomas/kingpin/v2"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	versioncollector "github.com/prometheus/client_golang/prometheus/collectors/version"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/prometheus/common/promslog"
+	"github.com/prometheus/common/version"
+	"github.com/prometheus/exporter-toolkit/web"
+
+	"github.com/zonewatch/zonewatch/collector"
+	"github.com/zonewatch/zonewatch/collector/kube"
+	"github.com/zonewatch/zonewatch/sim"
+)
+
+// defaultPort is outside 9100-9999, which the Prometheus default port
+// allocations list has fully handed out.
+const defaultPort = "19420"
+
+// part is one optional data source (hubble, gpu, conntrack). Each lives in
+// its own file and registers itself, so main stays thin.
+type part interface {
+	flags(cmd *kingpin.CmdClause)
+	start(ctx context.Context, rt *runtime) error
+}
+
+var parts []part
+
+func register(p part) { parts = append(parts, p) }
+
+// runtime is what a part gets to wire itself in.
+type runtime struct {
+	logger   *slog.Logger
+	index    *kube.Index
+	exporter *collector.Exporter
+	// self is the registry of the exporter's own counters (flows processed,
+	// reconnects, ...), kept apart from the job metrics.
+	self     prometheus.Registerer
+	nodeName string
+	// scenario is the simulated cluster under --simulate, else nil.
+	scenario *sim.Scenario
+	// dir is a private folder for simulation sockets.
+	dir string
+}
+
+// flagOf declares a flag that can also be set by ZONEWATCH_<NAME>.
+func flagOf(c *kingpin.CmdClause, name, help string) *kingpin.FlagClause {
+	env := "ZONEWATCH_" + strings.ToUpper(strings.NewReplacer(".", "_", "-", "_").Replace(name))
+	return c.Flag(name, help).Envar(env)
+}
+
+func main() {
+	os.Exit(run(os.Args[1:]))
+}
+
+func run(args []string) int {
+	app := kingpin.New("zonewatch-exporter", "Finds GPU training jobs split across availability zones and exports what it costs.")
+	app.Version(version.Print("zonewatch-exporter"))
+	app.HelpFlag.Short('h')
+
+	serve := app.Command("serve", "Run the exporter (default).").Default()
+	var (
+		listen     = flagOf(serve, "web.listen-address", "Addresses to listen on for /metrics, /healthz and /readyz. Repeatable.").Default(":" + defaultPort).Strings()
+		webConfig  = flagOf(serve, "web.config.file", "Path to an exporter-toolkit web config file (TLS, basic auth).").Default("").String()
+		metricsURL = flagOf(serve, "web.telemetry-path", "Path under which to expose metrics.").Default("/metrics").String()
+		logLevel   = flagOf(serve, "log.level", "Log level: debug, info, warn, error.").Default("info").Enum("debug", "info", "warn", "error")
+		logFormat  = flagOf(serve, "log.format", "Log format: logfmt or json.").Default("logfmt").Enum("logfmt", "json")
+		nodeName   = flagOf(serve, "node-name", "This exporter's node: only job pods on it are exported (DaemonSet). Defaults to $NODE_NAME; empty exports every node's jobs (one replica, e.g. with Hubble Relay).").Default(os.Getenv("NODE_NAME")).String()
+		kubeconfig = flagOf(serve, "kubeconfig", "Path to a kubeconfig; empty uses the in-cluster config.").Default(os.Getenv("KUBECONFIG")).String()
+		jobRules   = flagOf(serve, "kube.job-rule", `Job identity rule "name=LABEL,kind=KIND[,role=LABEL|LABEL][,rank0=LABEL|LABEL]"; repeatable; replaces the built-in rules.`).Strings()
+		resync     = flagOf(serve, "kube.resync", "Informer resync period (0 disables).").Default("0s").Duration()
+		simulate   = flagOf(serve, "simulate", "Run on the built-in simulated cluster (every source fed by fakes speaking the real protocols).").Bool()
+	)
+	for _, p := range parts {
+		p.flags(serve)
+	}
+
+	cmd, err := app.Parse(args)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "zonewatch-exporter: %v (try --help)\n", err)
+		return 2
+	}
+	if cmd != serve.FullCommand() {
+		return 2
+	}
+
+	level := promslog.NewLevel()
+	_ = level.Set(*logLevel)
+	format := promslog.NewFormat()
+	_ = format.Set(*logFormat)
+	logger := promslog.New(&promslog.Config{Level: level, Format: format})
+
+	rules := kube.DefaultRules()
+	if len(*jobRules) > 0 {
+		rules = rules[:0]
+		for _, s := range *jobRules {
+			r, err := kube.ParseRule(s)
+			if err != nil {
+				logger.Error("bad --kube.job-rule", "err", err)
+				return 2
+			}
+			rules = append(rules, r)
+		}
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+
+	rt := &runtime{logger: logger, index: kube.NewIndex(), nodeName: *nodeName}
+	rt.exporter = collector.New(logger)
+	selfReg := prometheus.NewRegistry()
+	selfReg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		versioncollector.NewCollector("zonewatch"))
+	rt.self = selfReg
+	jobReg := prometheus.NewRegistry()
+	jobReg.MustRegister(rt.exporter)
+
+	client, err := kubeClient(*kubeconfig, *simulate)
+	if err != nil {
+		logger.Error("no Kubernetes cluster to watch", "err", err)
+		return 2
+	}
+	if *simulate {
+		rt.scenario = sim.Default()
+		dir, err := os.MkdirTemp("", "zonewatch-sim-")
+		if err != nil {
+			logger.Error("creating simulation folder", "err", err)
+			return 1
+		}
+		defer os.RemoveAll(dir)
+		rt.dir = dir
+		client = sim.Clientset(rt.scenario)
+		go sim.Churn(ctx, client, rt.scenario, 30*time.Second, logger)
+		logger.Info("running on the simulated cluster", "zones", len(rt.scenario.Zones), "nodes", len(rt.scenario.Nodes), "jobs", len(rt.scenario.Jobs))
+	}
+
+	live, factories, err := kube.NewLive(client, rt.index, rules, *resync, logger)
+	if err != nil {
+		logger.Error("setting up informers", "err", err)
+		return 1
+	}
+	rt.exporter.AddSource("kubernetes", live)
+	rt.exporter.Add("placement", collector.NewPlacement(rt.index, rt.nodeName))
+	go func() {
+		if err := live.Run(ctx, factories); err != nil && ctx.Err() == nil {
+			logger.Error("kubernetes feed", "err", err)
+		}
+	}()
+
+	for _, p := range parts {
+		if err := p.start(ctx, rt); err != nil {
+			logger.Error("starting source", "err", err)
+			return 1
+		}
+	}
+
+	mux := http.NewServeMux()
+	mux.Handle(*metricsURL, promhttp.HandlerFor(prometheus.Gatherers{jobReg, selfReg}, promhttp.HandlerOpts{
+		ErrorLog: slog.NewLogLogger(logger.Handler(), slog.LevelError), ErrorHandling: promhttp.ContinueOnError,
+	}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if ok, down := rt.exporter.SourcesUp(); !ok {
+			http.Error(w, "sources down: "+strings.Join(down, ", "), http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ready")
+	})
+	if *metricsURL != "/" {
+		landing, err := web.NewLandingPage(web.LandingConfig{
+			Name: "zonewatch exporter", Description: "Training jobs split across availability zones", Version: version.Info(),
+			Links: []web.LandingLinks{{Address: *metricsURL, Text: "Metrics"}, {Address: "/readyz", Text: "Readiness"}},
+		})
+		if err != nil {
+			logger.Error("landing page", "err", err)
+			return 1
+		}
+		mux.Handle("/", landing)
+	}
+
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	systemd := false
+	flags := &web.FlagConfig{WebListenAddresses: listen, WebSystemdSocket: &systemd, WebConfigFile: webConfig}
+	errc := make(chan error, 1)
+	go func() { errc <- web.ListenAndServe(srv, flags, logger) }()
+	for _, a := range *listen {
+		host, port, _ := net.SplitHostPort(a)
+		if host == "" {
+			host = "localhost"
+		}
+		logger.Info("serving metrics", "url", "http://"+net.JoinHostPort(host, port)+*metricsURL)
+	}
+
+	select {
+	case err := <-errc:
+		if err != nil && !errors.Is(err, http.ErrServerClosed) {
+			logger.Error("http server", "err", err)
+			return 1
+		}
+	case <-ctx.Done():
+		logger.Info("shutting down")
+		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := srv.Shutdown(sctx); err != nil {
+			logger.Error("http shutdown", "err", err)
+		}
+	}
+	return 0
+}

@@ -1,0 +1,120 @@
+// Package collector is the exporter's root Prometheus collector: it runs
+// every part (placement, hubble, gpu, conntrack) at scrape time, times each
+// one, and reports which data sources are up.
+package collector
+
+import (
+	"log/slog"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+const namespace = "zonewatch"
+
+// Collector is one part of the exporter's metrics, computed at scrape time.
+type Collector interface {
+	Update(ch chan<- prometheus.Metric) error
+}
+
+// Source is a data source whose health is exported as zonewatch_source_up.
+type Source interface {
+	Up() bool
+}
+
+var (
+	scrapeDurationDesc = prometheus.NewDesc(namespace+"_scrape_collector_duration_seconds",
+		"Time a zonewatch collector took to produce its metrics in this scrape.", []string{"collector"}, nil)
+	scrapeSuccessDesc = prometheus.NewDesc(namespace+"_scrape_collector_success",
+		"Whether a zonewatch collector succeeded in this scrape (1) or failed (0).", []string{"collector"}, nil)
+	sourceUpDesc = prometheus.NewDesc(namespace+"_source_up",
+		"Whether a data source (kubernetes, hubble, gpu, podresources, conntrack) is connected and delivering (1) or not (0).", []string{"source"}, nil)
+)
+
+// Exporter is the root collector. It is unchecked: its series depend on the
+// current topology, so a job that is gone has none.
+type Exporter struct {
+	logger     *slog.Logger
+	mu         sync.Mutex
+	collectors map[string]Collector
+	sources    map[string]Source
+}
+
+// New returns an empty root collector.
+func New(logger *slog.Logger) *Exporter {
+	return &Exporter{logger: logger, collectors: map[string]Collector{}, sources: map[string]Source{}}
+}
+
+// Add registers a named collector.
+func (e *Exporter) Add(name string, c Collector) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.collectors[name] = c
+}
+
+// AddSource registers a data source for zonewatch_source_up.
+func (e *Exporter) AddSource(name string, s Source) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.sources[name] = s
+}
+
+// SourcesUp reports whether every registered source is up, and names the
+// ones that are not (for /readyz).
+func (e *Exporter) SourcesUp() (bool, []string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	var down []string
+	for name, s := range e.sources {
+		if !s.Up() {
+			down = append(down, name)
+		}
+	}
+	sort.Strings(down)
+	return len(down) == 0, down
+}
+
+// Describe sends nothing: the collector is unchecked.
+func (e *Exporter) Describe(chan<- *prometheus.Desc) {}
+
+// Collect runs every collector concurrently and reports each one's
+// duration and success.
+func (e *Exporter) Collect(ch chan<- prometheus.Metric) {
+	e.mu.Lock()
+	collectors := make(map[string]Collector, len(e.collectors))
+	for k, v := range e.collectors {
+		collectors[k] = v
+	}
+	sources := make(map[string]Source, len(e.sources))
+	for k, v := range e.sources {
+		sources[k] = v
+	}
+	e.mu.Unlock()
+
+	var wg sync.WaitGroup
+	for name, c := range collectors {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			start := time.Now()
+			err := c.Update(ch)
+			success := 1.0
+			if err != nil {
+				success = 0
+				e.logger.Error("collector failed", "collector", name, "err", err)
+			}
+			ch <- prometheus.MustNewConstMetric(scrapeDurationDesc, prometheus.GaugeValue, time.Since(start).Seconds(), name)
+			ch <- prometheus.MustNewConstMetric(scrapeSuccessDesc, prometheus.GaugeValue, success, name)
+		}()
+	}
+	for name, s := range sources {
+		up := 0.0
+		if s.Up() {
+			up = 1
+		}
+		ch <- prometheus.MustNewConstMetric(sourceUpDesc, prometheus.GaugeValue, up, name)
+	}
+	wg.Wait()
+}

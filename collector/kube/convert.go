@@ -1,0 +1,152 @@
+package kube
+
+import (
+	"net/netip"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// Node labels that place a node.
+const (
+	LabelZone         = "topology.kubernetes.io/zone"
+	LabelZoneLegacy   = "failure-domain.beta.kubernetes.io/zone"
+	LabelRegion       = "topology.kubernetes.io/region"
+	LabelRegionLegacy = "failure-domain.beta.kubernetes.io/region"
+)
+
+func firstLabel(labels map[string]string, keys ...string) string {
+	for _, k := range keys {
+		if v := labels[k]; v != "" {
+			return v
+		}
+	}
+	return ""
+}
+
+// NodeFrom converts a Kubernetes node. Addresses that do not parse are skipped.
+func NodeFrom(n *corev1.Node) Node {
+	out := Node{
+		Name:   n.Name,
+		Zone:   firstLabel(n.Labels, LabelZone, LabelZoneLegacy),
+		Region: firstLabel(n.Labels, LabelRegion, LabelRegionLegacy),
+	}
+	for _, a := range n.Status.Addresses {
+		if a.Type != corev1.NodeInternalIP && a.Type != corev1.NodeExternalIP {
+			continue
+		}
+		if ip, err := netip.ParseAddr(a.Address); err == nil {
+			out.Addresses = append(out.Addresses, ip.Unmap())
+		}
+	}
+	cidrs := n.Spec.PodCIDRs
+	if len(cidrs) == 0 && n.Spec.PodCIDR != "" {
+		cidrs = []string{n.Spec.PodCIDR}
+	}
+	for _, c := range cidrs {
+		if p, err := netip.ParsePrefix(c); err == nil {
+			out.PodCIDRs = append(out.PodCIDRs, p.Masked())
+		}
+	}
+	return out
+}
+
+// PodFrom converts a Kubernetes pod, identifying its job with rules. A pod
+// of no job has an empty Identity.Name.
+func PodFrom(rules []Rule, p *corev1.Pod) Pod {
+	owners := make([]Owner, 0, len(p.OwnerReferences))
+	for _, o := range p.OwnerReferences {
+		owners = append(owners, Owner{Kind: o.Kind, Controller: o.Controller != nil && *o.Controller})
+	}
+	id, _ := Identify(rules, p.Labels, owners)
+	out := Pod{
+		Namespace:   p.Namespace,
+		Name:        p.Name,
+		Node:        p.Spec.NodeName,
+		Finished:    p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed,
+		HostNetwork: p.Spec.HostNetwork,
+		Identity:    id,
+	}
+	ips := p.Status.PodIPs
+	if len(ips) == 0 && p.Status.PodIP != "" {
+		ips = []corev1.PodIP{{IP: p.Status.PodIP}}
+	}
+	for _, ip := range ips {
+		if a, err := netip.ParseAddr(ip.IP); err == nil {
+			out.IPs = append(out.IPs, a.Unmap())
+		}
+	}
+	return out
+}
+
+// StripNode keeps only what NodeFrom reads, so the informer cache of 5,000
+// nodes stays small. It is an informer transform.
+func StripNode(obj any) (any, error) {
+	n, ok := obj.(*corev1.Node)
+	if !ok {
+		return obj, nil // tombstones pass through
+	}
+	labels := map[string]string{}
+	for _, k := range []string{LabelZone, LabelZoneLegacy, LabelRegion, LabelRegionLegacy} {
+		if v, ok := n.Labels[k]; ok {
+			labels[k] = v
+		}
+	}
+	out := &corev1.Node{
+		ObjectMeta: metav1.ObjectMeta{Name: n.Name, Labels: labels, ResourceVersion: n.ResourceVersion, UID: n.UID},
+		Spec:       corev1.NodeSpec{PodCIDR: n.Spec.PodCIDR, PodCIDRs: n.Spec.PodCIDRs},
+	}
+	for _, a := range n.Status.Addresses {
+		if a.Type == corev1.NodeInternalIP || a.Type == corev1.NodeExternalIP {
+			out.Status.Addresses = append(out.Status.Addresses, a)
+		}
+	}
+	return out, nil
+}
+
+// PodStripper returns an informer transform that keeps only the labels the
+// job rules read, owner kinds, node, IPs, phase and hostNetwork.
+func PodStripper(rules []Rule) func(any) (any, error) {
+	keep := map[string]bool{}
+	for _, r := range rules {
+		keep[r.NameLabel] = true
+		for _, l := range r.RoleLabels {
+			keep[l] = true
+		}
+		for _, l := range r.RankZeroLabels {
+			keep[l] = true
+		}
+		if r.CoordinatorLabel != "" {
+			keep[r.CoordinatorLabel] = true
+		}
+		if r.OperatorLabel != "" {
+			keep[r.OperatorLabel] = true
+		}
+	}
+	return func(obj any) (any, error) {
+		p, ok := obj.(*corev1.Pod)
+		if !ok {
+			return obj, nil
+		}
+		labels := make(map[string]string, 4)
+		for k, v := range p.Labels {
+			if keep[k] {
+				labels[k] = v
+			}
+		}
+		var owners []metav1.OwnerReference
+		for _, o := range p.OwnerReferences {
+			if o.Controller != nil && *o.Controller {
+				owners = append(owners, metav1.OwnerReference{Kind: o.Kind, Name: o.Name, Controller: o.Controller})
+			}
+		}
+		return &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{
+				Namespace: p.Namespace, Name: p.Name, Labels: labels, OwnerReferences: owners,
+				ResourceVersion: p.ResourceVersion, UID: p.UID,
+			},
+			Spec:   corev1.PodSpec{NodeName: p.Spec.NodeName, HostNetwork: p.Spec.HostNetwork},
+			Status: corev1.PodStatus{Phase: p.Status.Phase, PodIP: p.Status.PodIP, PodIPs: p.Status.PodIPs},
+		}, nil
+	}
+}

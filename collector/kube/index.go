@@ -1,0 +1,391 @@
+package kube
+
+import (
+	"net/netip"
+	"slices"
+	"sort"
+	"sync"
+	"sync/atomic"
+)
+
+// UnknownZone is the zone of an endpoint the index cannot place.
+const UnknownZone = "unknown"
+
+// Locality values, computed here because PromQL cannot compare two labels.
+const (
+	LocalitySameZone    = "zone"
+	LocalityCrossZone   = "cross_zone"
+	LocalityCrossRegion = "cross_region"
+	LocalityUnknown     = "unknown"
+)
+
+// Job identifies a training job. The index hands out one *Job per job, so
+// its strings are shared, never copied per lookup.
+type Job struct {
+	Namespace string
+	Name      string
+	Kind      string
+}
+
+// Endpoint is what the index knows about one side of a connection.
+type Endpoint struct {
+	Namespace string // empty for a node or an unknown peer
+	Pod       string
+	Node      string // empty when unknown
+	Zone      string // UnknownZone when unknown
+	Region    string // empty when unknown
+	Job       *Job   // nil unless the pod belongs to a training job
+	Role      string // RoleCoordinator / RoleWorker for job pods
+}
+
+// Known reports whether the index placed the endpoint on a node.
+func (e Endpoint) Known() bool { return e.Node != "" }
+
+// Locality compares the places of two endpoints.
+func Locality(a, b Endpoint) string {
+	if a.Zone == UnknownZone || b.Zone == UnknownZone {
+		return LocalityUnknown
+	}
+	if a.Region != "" && b.Region != "" && a.Region != b.Region {
+		return LocalityCrossRegion
+	}
+	if a.Zone != b.Zone {
+		return LocalityCrossZone
+	}
+	return LocalitySameZone
+}
+
+// Node is the part of a Kubernetes node the index keeps.
+type Node struct {
+	Name      string
+	Zone      string // empty when the node has no zone label
+	Region    string
+	Addresses []netip.Addr
+	PodCIDRs  []netip.Prefix
+}
+
+// Pod is the part of a job pod the index keeps.
+type Pod struct {
+	Namespace   string
+	Name        string
+	Node        string // empty until scheduled
+	IPs         []netip.Addr
+	Finished    bool // phase Succeeded or Failed
+	HostNetwork bool
+	Identity    Identity
+}
+
+// Scheduled reports whether the pod counts for placement: bound to a node
+// and not finished.
+func (p *Pod) Scheduled() bool { return p.Node != "" && !p.Finished }
+
+type podKey struct{ namespace, name string }
+type jobKey struct{ namespace, name string }
+
+type podRec struct {
+	Pod
+	job *jobRec
+	// sources is a bit set of the feeds (informers) holding the pod; a pod
+	// is removed when the last one lets go.
+	sources uint64
+}
+
+type jobRec struct {
+	Job
+	pods map[podKey]*podRec
+}
+
+type nodeRec struct {
+	Node
+	zone string // Zone, or UnknownZone
+}
+
+// Index is the topology: nodes, job pods and the lookups that join flows,
+// bytes and GPUs to jobs and zones. Safe for concurrent use; lookups do not
+// allocate.
+type Index struct {
+	mu       sync.RWMutex
+	nodes    map[string]*nodeRec
+	nodeIPs  map[netip.Addr]*nodeRec
+	cidrs    map[netip.Prefix]*nodeRec
+	cidrBits []int // distinct prefix lengths in cidrs, longest first
+	pods     map[podKey]*podRec
+	podIPs   map[netip.Addr]*podRec
+	jobs     map[jobKey]*jobRec
+
+	generation atomic.Uint64
+}
+
+// NewIndex returns an empty index.
+func NewIndex() *Index {
+	return &Index{
+		nodes:   map[string]*nodeRec{},
+		nodeIPs: map[netip.Addr]*nodeRec{},
+		cidrs:   map[netip.Prefix]*nodeRec{},
+		pods:    map[podKey]*podRec{},
+		podIPs:  map[netip.Addr]*podRec{},
+		jobs:    map[jobKey]*jobRec{},
+	}
+}
+
+// Generation changes whenever the index changes; consumers use it to skip
+// work when nothing moved.
+func (x *Index) Generation() uint64 { return x.generation.Load() }
+
+// UpsertNode adds or replaces a node.
+func (x *Index) UpsertNode(n Node) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	x.deleteNodeLocked(n.Name)
+	rec := &nodeRec{Node: n, zone: n.Zone}
+	if rec.zone == "" {
+		rec.zone = UnknownZone
+	}
+	x.nodes[n.Name] = rec
+	for _, a := range n.Addresses {
+		x.nodeIPs[a.Unmap()] = rec
+	}
+	for _, p := range n.PodCIDRs {
+		p = p.Masked()
+		x.cidrs[p] = rec
+		if !slices.Contains(x.cidrBits, p.Bits()) {
+			x.cidrBits = append(x.cidrBits, p.Bits())
+			sort.Sort(sort.Reverse(sort.IntSlice(x.cidrBits)))
+		}
+	}
+	x.generation.Add(1)
+}
+
+// DeleteNode removes a node. Its pods stay (their zone becomes unknown)
+// until their own deletion arrives.
+func (x *Index) DeleteNode(name string) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	x.deleteNodeLocked(name)
+	x.generation.Add(1)
+}
+
+func (x *Index) deleteNodeLocked(name string) {
+	old := x.nodes[name]
+	if old == nil {
+		return
+	}
+	delete(x.nodes, name)
+	for _, a := range old.Addresses {
+		if x.nodeIPs[a.Unmap()] == old {
+			delete(x.nodeIPs, a.Unmap())
+		}
+	}
+	for _, p := range old.PodCIDRs {
+		if x.cidrs[p.Masked()] == old {
+			delete(x.cidrs, p.Masked())
+		}
+	}
+}
+
+// UpsertPod adds or replaces a job pod seen by feed source (0..63). A pod
+// whose labels no longer name a job is removed.
+func (x *Index) UpsertPod(source int, p Pod) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	k := podKey{p.Namespace, p.Name}
+	sources := uint64(1) << source
+	if old := x.pods[k]; old != nil {
+		sources |= old.sources
+		x.removePodLocked(old)
+	}
+	if p.Identity.Name == "" {
+		x.generation.Add(1)
+		return
+	}
+	rec := &podRec{Pod: p, sources: sources}
+	x.pods[k] = rec
+	jk := jobKey{p.Namespace, p.Identity.Name}
+	j := x.jobs[jk]
+	if j == nil {
+		j = &jobRec{Job: Job{Namespace: p.Namespace, Name: p.Identity.Name, Kind: p.Identity.Kind}, pods: map[podKey]*podRec{}}
+		x.jobs[jk] = j
+	}
+	j.pods[k] = rec
+	rec.job = j
+	if !p.Finished && !p.HostNetwork {
+		for _, a := range p.IPs {
+			x.podIPs[a.Unmap()] = rec
+		}
+	}
+	x.generation.Add(1)
+}
+
+// DeletePod lets go of a pod for one feed source; the pod leaves the index
+// when no source holds it.
+func (x *Index) DeletePod(source int, namespace, name string) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	rec := x.pods[podKey{namespace, name}]
+	if rec == nil {
+		return
+	}
+	rec.sources &^= uint64(1) << source
+	if rec.sources == 0 {
+		x.removePodLocked(rec)
+	}
+	x.generation.Add(1)
+}
+
+func (x *Index) removePodLocked(rec *podRec) {
+	k := podKey{rec.Namespace, rec.Name}
+	delete(x.pods, k)
+	for _, a := range rec.IPs {
+		if x.podIPs[a.Unmap()] == rec {
+			delete(x.podIPs, a.Unmap())
+		}
+	}
+	if j := rec.job; j != nil {
+		delete(j.pods, k)
+		if len(j.pods) == 0 {
+			delete(x.jobs, jobKey{j.Namespace, j.Name})
+		}
+	}
+}
+
+// LookupIP places an IP: a job pod, else a node address or pod CIDR (a
+// non-job peer on that node), else unknown (false).
+func (x *Index) LookupIP(a netip.Addr) (Endpoint, bool) {
+	a = a.Unmap()
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	if rec := x.podIPs[a]; rec != nil {
+		return x.podEndpointLocked(rec), true
+	}
+	if n := x.nodeIPs[a]; n != nil {
+		return Endpoint{Node: n.Name, Zone: n.zone, Region: n.Region}, true
+	}
+	for _, bits := range x.cidrBits {
+		if bits > a.BitLen() {
+			continue
+		}
+		p, err := a.Prefix(bits)
+		if err != nil {
+			continue
+		}
+		if n := x.cidrs[p]; n != nil {
+			return Endpoint{Node: n.Name, Zone: n.zone, Region: n.Region}, true
+		}
+	}
+	return Endpoint{Zone: UnknownZone}, false
+}
+
+// LookupPod places a job pod by name (the fallback when a flow's IP is not
+// in the index, e.g. a pod whose IP the informer has not seen yet).
+func (x *Index) LookupPod(namespace, name string) (Endpoint, bool) {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	rec := x.pods[podKey{namespace, name}]
+	if rec == nil {
+		return Endpoint{Zone: UnknownZone}, false
+	}
+	return x.podEndpointLocked(rec), true
+}
+
+// NodeZone returns a node's zone (UnknownZone if it has none) and region.
+func (x *Index) NodeZone(name string) (zone, region string, ok bool) {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	n := x.nodes[name]
+	if n == nil {
+		return UnknownZone, "", false
+	}
+	return n.zone, n.Region, true
+}
+
+func (x *Index) podEndpointLocked(rec *podRec) Endpoint {
+	e := Endpoint{Namespace: rec.Namespace, Pod: rec.Name, Node: rec.Node, Zone: UnknownZone, Role: rec.Identity.Role}
+	if rec.job != nil {
+		e.Job = &rec.job.Job
+	}
+	if n := x.nodes[rec.Node]; n != nil {
+		e.Zone, e.Region = n.zone, n.Region
+	}
+	return e
+}
+
+// JobExists reports whether the job still has pods in the index.
+func (x *Index) JobExists(namespace, name string) bool {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	return x.jobs[jobKey{namespace, name}] != nil
+}
+
+// PodPlacement is one scheduled job pod.
+type PodPlacement struct {
+	Pod         string
+	Role        string
+	ReplicaType string
+	Node        string
+	Zone        string
+}
+
+// JobPlacement is where a job's scheduled pods run.
+type JobPlacement struct {
+	Job   Job
+	Zones []string // distinct known zones of scheduled pods, sorted
+	Pods  []PodPlacement
+}
+
+// Split reports whether the job's scheduled pods span more than one zone.
+func (j *JobPlacement) Split() bool { return len(j.Zones) > 1 }
+
+// Placements returns every job with at least one scheduled pod on node
+// (every job with a scheduled pod when node is empty), sorted by namespace
+// and name. Pods lists all the job's scheduled pods cluster-wide.
+func (x *Index) Placements(node string) []JobPlacement {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	var out []JobPlacement
+	for _, j := range x.jobs {
+		local := node == ""
+		for _, p := range j.pods {
+			if p.Scheduled() && p.Node == node {
+				local = true
+				break
+			}
+		}
+		if !local {
+			continue
+		}
+		jp := JobPlacement{Job: j.Job}
+		for _, p := range j.pods {
+			if !p.Scheduled() {
+				continue
+			}
+			zone := UnknownZone
+			if n := x.nodes[p.Node]; n != nil {
+				zone = n.zone
+			}
+			jp.Pods = append(jp.Pods, PodPlacement{Pod: p.Name, Role: p.Identity.Role, ReplicaType: p.Identity.ReplicaType, Node: p.Node, Zone: zone})
+			if zone != UnknownZone && !slices.Contains(jp.Zones, zone) {
+				jp.Zones = append(jp.Zones, zone)
+			}
+		}
+		if len(jp.Pods) == 0 {
+			continue
+		}
+		sort.Strings(jp.Zones)
+		sort.Slice(jp.Pods, func(a, b int) bool { return jp.Pods[a].Pod < jp.Pods[b].Pod })
+		out = append(out, jp)
+	}
+	sort.Slice(out, func(a, b int) bool {
+		if out[a].Job.Namespace != out[b].Job.Namespace {
+			return out[a].Job.Namespace < out[b].Job.Namespace
+		}
+		return out[a].Job.Name < out[b].Job.Name
+	})
+	return out
+}
+
+// Counts returns the number of nodes, job pods and jobs held.
+func (x *Index) Counts() (nodes, pods, jobs int) {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	return len(x.nodes), len(x.pods), len(x.jobs)
+}

@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# Installs every tool the tests need, pinned, into a git-ignored folder keyed
+# by version ($ZONEWATCH_TOOLS, default .tools/). A warm run only checks that
+# each binary exists. Sources: the Go module proxy (go install / go build) and
+# Debian's apt; nothing else is downloaded.
+#
+# Prints the tools folder on its last line of stdout.
+set -euo pipefail
+
+K8S_VERSION=v1.37.2
+K8S_STAGING_VERSION=v0.37.2
+PROMETHEUS_VERSION=v0.316.0
+ALERTMANAGER_VERSION=v0.31.1
+HELM_VERSION=v3.22.0
+
+root=$(cd "$(dirname "$0")/.." && pwd)
+tools=${ZONEWATCH_TOOLS:-$root/.tools}
+mkdir -p "$tools"
+log() { echo "tools: $*" >&2; }
+
+# go install a main package at a pinned version into $tools/<name>-<version>/.
+goinstall() { # dir pkg@version...
+  local dir=$1; shift
+  if [ -d "$tools/$dir" ] && [ -f "$tools/$dir/.done" ]; then return; fi
+  log "building $dir (cold: minutes)"
+  rm -rf "$tools/$dir.tmp"; mkdir -p "$tools/$dir.tmp"
+  GOBIN="$tools/$dir.tmp" GOFLAGS=-buildvcs=false CGO_ENABLED=0 go install -trimpath "$@"
+  touch "$tools/$dir.tmp/.done"
+  rm -rf "${tools:?}/$dir"; mv "$tools/$dir.tmp" "$tools/$dir"
+}
+
+etcd_bin() {
+  if command -v etcd >/dev/null 2>&1; then return; fi
+  log "installing etcd-server from Debian"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq >&2
+  apt-get install -y -qq --no-install-recommends etcd-server >&2
+  # The package starts a system etcd on :2379; tests run their own.
+  (systemctl stop etcd 2>/dev/null || service etcd stop 2>/dev/null || pkill -x etcd || true) >/dev/null 2>&1
+}
+
+# kube-apiserver is not a go-installable module on its own: k8s.io/kubernetes
+# points its staging modules at local paths. A wrapper module replaces each
+# with the published v0.x version of the same release.
+kube_apiserver() {
+  local dir=$tools/kube-apiserver-$K8S_VERSION
+  if [ -x "$dir/kube-apiserver" ]; then return; fi
+  log "building kube-apiserver $K8S_VERSION (cold: about 6 minutes)"
+  local w=$tools/kube-apiserver-build
+  rm -rf "$w"; mkdir -p "$w"
+  local gomod
+  gomod=$(cd "$w" && go mod download -json "k8s.io/kubernetes@$K8S_VERSION" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')
+  {
+    echo "module zonewatch.local/kubeapiserver"
+    echo "go 1.26"
+    echo "require k8s.io/kubernetes $K8S_VERSION"
+    grep -oE '^\s*k8s\.io/[a-z0-9-]+ => \./staging/src/k8s\.io/[a-z0-9-]+' "$gomod" |
+      awk -v v="$K8S_STAGING_VERSION" '{print "replace " $1 " => " $1 " " v}'
+  } >"$w/go.mod"
+  printf '//go:build tools\n\npackage main\n\nimport _ "k8s.io/kubernetes/cmd/kube-apiserver"\n' >"$w/tools.go"
+  local ldflags="-s -w -X k8s.io/component-base/version.gitVersion=$K8S_VERSION -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=37"
+  (cd "$w" && go get "k8s.io/kubernetes/cmd/kube-apiserver@$K8S_VERSION" >&2)
+  (cd "$w" && CGO_ENABLED=0 go build -trimpath -ldflags "$ldflags" -o "$dir.tmp/kube-apiserver" k8s.io/kubernetes/cmd/kube-apiserver)
+  rm -rf "$dir"; mv "$dir.tmp" "$dir"
+  rm -rf "$w"
+}
+
+etcd_bin
+kube_apiserver
+goinstall "prometheus-$PROMETHEUS_VERSION" \
+  "github.com/prometheus/prometheus/cmd/prometheus@$PROMETHEUS_VERSION" \
+  "github.com/prometheus/prometheus/cmd/promtool@$PROMETHEUS_VERSION"
+goinstall "alertmanager-$ALERTMANAGER_VERSION" \
+  "github.com/prometheus/alertmanager/cmd/alertmanager@$ALERTMANAGER_VERSION" \
+  "github.com/prometheus/alertmanager/cmd/amtool@$ALERTMANAGER_VERSION"
+goinstall "helm-$HELM_VERSION" "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
+
+# One flat bin/ of links so tests and scripts need a single path.
+mkdir -p "$tools/bin"
+ln -sf "$tools/kube-apiserver-$K8S_VERSION/kube-apiserver" "$tools/bin/kube-apiserver"
+ln -sf "$(command -v etcd)" "$tools/bin/etcd"
+for b in prometheus promtool; do ln -sf "$tools/prometheus-$PROMETHEUS_VERSION/$b" "$tools/bin/$b"; done
+for b in alertmanager amtool; do ln -sf "$tools/alertmanager-$ALERTMANAGER_VERSION/$b" "$tools/bin/$b"; done
+ln -sf "$tools/helm-$HELM_VERSION/helm" "$tools/bin/helm"
+log "ready in $tools/bin"
+echo "$tools/bin"
