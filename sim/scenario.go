@@ -167,7 +167,7 @@ func Default() *Scenario {
 	pytorch := func(ns, name string, master string, workers []string, beh Behaviour) Job {
 		j := Job{Namespace: ns, Name: name, Kind: "PyTorchJob", Behaviour: beh}
 		add := func(typ string, idx int, node string) {
-			p := b.pod(ns, fmt.Sprintf("%s-%s-%d", name, typ, idx), node, 4)
+			p := b.pod(ns, fmt.Sprintf("%s-%s-%d", name, typ, idx), node, 2)
 			p.Labels = map[string]string{
 				"training.kubeflow.org/job-name":      name,
 				"training.kubeflow.org/replica-type":  typ,

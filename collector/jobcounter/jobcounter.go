@@ -85,6 +85,9 @@ func (v *Vec[K]) Len() int {
 	return len(v.m)
 }
 
+// Describe sends the metric's description.
+func (v *Vec[K]) Describe(ch chan<- *prometheus.Desc) { ch <- v.desc }
+
 // Collect emits every counter and reaps the series of jobs gone for longer
 // than the grace period. A job that comes back within the grace period
 // keeps its counts.

@@ -1,0 +1,54 @@
+# zonewatch — every command a developer or CI needs.
+SHELL := /bin/bash
+GO    ?= go
+BIN   := bin/zonewatch-exporter
+TOOLS_BIN := $(CURDIR)/.tools/bin
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+LDFLAGS := -X github.com/prometheus/common/version.Version=$(VERSION) \
+	-X github.com/prometheus/common/version.Revision=$(shell git rev-parse --short HEAD 2>/dev/null) \
+	-X github.com/prometheus/common/version.Branch=$(shell git rev-parse --abbrev-ref HEAD 2>/dev/null)
+# Generated artifacts: committed, regenerated and diffed by `make test`.
+GENERATED := rules dashboards deploy
+
+.PHONY: run test build lint bench tools generate check-generated e2e fuzz clean
+
+## run: the exporter on the built-in simulated cluster; prints the /metrics URL
+run: build
+	./$(BIN) --simulate
+
+## build: bin/zonewatch-exporter
+build:
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/exporter
+
+## tools: build/install the pinned test tools into .tools/ (cached)
+tools:
+	@bash hack/tools.sh >/dev/null
+
+## test: every test, with the real kube-apiserver, Prometheus, Alertmanager.
+## Generated artifacts are compared with their generators inside the Go tests.
+test: tools lint
+	ZONEWATCH_TOOLS_BIN=$(TOOLS_BIN) ZONEWATCH_REQUIRE_TOOLS=1 $(GO) test -count=1 -timeout 30m ./...
+
+## lint: go vet (also the cgo GPU adapters) and a gofmt check
+lint:
+	$(GO) vet ./...
+	CGO_ENABLED=1 $(GO) vet -tags nvml ./collector/gpu/...
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+
+## generate: rule files, dashboards, rendered manifests
+generate:
+	$(GO) run ./rules/cmd/generate
+	$(GO) run ./dashboards/gen
+
+## check-generated: regenerate and fail when committed artifacts differ
+check-generated: generate
+	@if [ -n "$$(git status --porcelain -- $(GENERATED))" ]; then \
+		echo "generated files differ from what is committed; run 'make generate' and commit:"; \
+		git status --porcelain -- $(GENERATED); git --no-pager diff --stat -- $(GENERATED); exit 1; fi
+
+## bench: the hot-path benchmarks (allocations reported)
+bench:
+	$(GO) test -run '^$$' -bench . -benchmem -benchtime 2000x ./...
+
+clean:
+	rm -rf bin

@@ -1,0 +1,149 @@
+package collector_test
+
+import (
+	"bytes"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http/httptest"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/zonewatch/zonewatch/collector"
+	"github.com/zonewatch/zonewatch/collector/kube"
+	"github.com/zonewatch/zonewatch/internal/testenv"
+	"github.com/zonewatch/zonewatch/sim"
+)
+
+var update = flag.Bool("update", false, "rewrite golden files")
+
+type up bool
+
+func (u up) Up() bool { return bool(u) }
+
+// simIndex fills an index from the built-in scenario through the same
+// conversion the informers use.
+func simIndex() *kube.Index {
+	s := sim.Default()
+	x := kube.NewIndex()
+	nodes, pods := s.KubeObjects()
+	for _, n := range nodes {
+		x.UpsertNode(kube.NodeFrom(n))
+	}
+	for _, p := range pods {
+		x.UpsertPod(0, kube.PodFrom(kube.DefaultRules(), p))
+	}
+	return x
+}
+
+func render(t testing.TB, reg prometheus.Gatherer) []byte {
+	rec := httptest.NewRecorder()
+	promhttp.HandlerFor(reg, promhttp.HandlerOpts{}).ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	if rec.Code != 200 {
+		t.Fatalf("/metrics: %d %s", rec.Code, rec.Body)
+	}
+	return rec.Body.Bytes()
+}
+
+var durationLine = regexp.MustCompile(`(?m)^(zonewatch_scrape_collector_duration_seconds\{[^}]*\}) .*$`)
+
+// TestPlacementGolden compares /metrics for the simulated cluster, seen from
+// node gpu-a1 and from everywhere, with golden files, and has promtool lint
+// the exposition.
+func TestPlacementGolden(t *testing.T) {
+	index := simIndex()
+	for _, node := range []string{"gpu-a1", ""} {
+		name := node
+		if name == "" {
+			name = "all-nodes"
+		}
+		t.Run(name, func(t *testing.T) {
+			exp := collector.New(slog.New(slog.NewTextHandler(io.Discard, nil)))
+			exp.Add("placement", collector.NewPlacement(index, node))
+			exp.AddSource("kubernetes", up(true))
+			exp.AddSource("hubble", up(false))
+			reg := prometheus.NewPedanticRegistry()
+			reg.MustRegister(exp)
+			got := durationLine.ReplaceAll(render(t, reg), []byte("$1 0"))
+			golden := filepath.Join("testdata", "placement-"+name+".golden")
+			if *update {
+				if err := os.WriteFile(golden, got, 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			want, err := os.ReadFile(golden)
+			if err != nil {
+				t.Fatalf("%v (run go test ./collector -update)", err)
+			}
+			if !bytes.Equal(got, want) {
+				t.Fatalf("/metrics differs from %s (run go test ./collector -update and review the diff):\n%s", golden, got)
+			}
+			promtoolCheckMetrics(t, got)
+		})
+	}
+}
+
+func promtoolCheckMetrics(t *testing.T, exposition []byte) {
+	t.Helper()
+	bin := testenv.ToolsBin(t, "promtool")
+	cmd := exec.Command(filepath.Join(bin, "promtool"), "check", "metrics")
+	cmd.Stdin = bytes.NewReader(exposition)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("promtool check metrics: %v\n%s", err, out)
+	}
+}
+
+func bigIndex(jobs, podsPerJob int) *kube.Index {
+	x := kube.NewIndex()
+	const nodes = 5000
+	for i := 0; i < nodes; i++ {
+		x.UpsertNode(kube.Node{Name: fmt.Sprintf("node-%05d", i), Zone: fmt.Sprintf("zone-%d", i%4)})
+	}
+	for j := 0; j < jobs; j++ {
+		for k := 0; k < podsPerJob; k++ {
+			n := (j*podsPerJob + k*7) % nodes
+			x.UpsertPod(0, kube.Pod{
+				Namespace: fmt.Sprintf("team-%d", j%50), Name: fmt.Sprintf("job-%d-%d", j, k), Node: fmt.Sprintf("node-%05d", n),
+				IPs:      []netip.Addr{netip.AddrFrom4([4]byte{10, byte(n >> 8), byte(n), byte(2 + k)})},
+				Identity: kube.Identity{Kind: "PyTorchJob", Name: fmt.Sprintf("job-%d", j), Role: kube.RoleWorker},
+			})
+		}
+	}
+	return x
+}
+
+// BenchmarkMetricsRender renders /metrics for 2,000 jobs of 10 pods: the
+// whole cluster (one replica with Relay) and one node's view (DaemonSet).
+func BenchmarkMetricsRender(b *testing.B) {
+	index := bigIndex(2000, 10)
+	for _, node := range []string{"", "node-00007"} {
+		name := "all-2000-jobs"
+		if node != "" {
+			name = "one-node"
+		}
+		b.Run(name, func(b *testing.B) {
+			exp := collector.New(slog.New(slog.NewTextHandler(io.Discard, nil)))
+			exp.Add("placement", collector.NewPlacement(index, node))
+			reg := prometheus.NewRegistry()
+			reg.MustRegister(exp)
+			h := promhttp.HandlerFor(reg, promhttp.HandlerOpts{})
+			req := httptest.NewRequest("GET", "/metrics", nil)
+			b.ReportAllocs()
+			var size int
+			for i := 0; i < b.N; i++ {
+				rec := httptest.NewRecorder()
+				h.ServeHTTP(rec, req)
+				size = rec.Body.Len()
+			}
+			b.ReportMetric(float64(size), "bytes/scrape")
+		})
+	}
+}
