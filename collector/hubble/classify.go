@@ -1,0 +1,397 @@
+// Package hubble reads Cilium Hubble flows — live from the Observer gRPC
+// API (node socket or Relay) or replayed from `hubble observe -o jsonpb`
+// output — and turns them into per-job policy-drop and flow-event
+// counters, joined with the topology index for zones.
+package hubble
+
+import (
+	"hash/maphash"
+	"net/netip"
+	"strings"
+
+	flowpb "github.com/cilium/cilium/api/v1/flow"
+
+	"github.com/zonewatch/zonewatch/collector/kube"
+)
+
+// Topology is what classification needs from the topology index; a
+// *kube.Index satisfies it.
+type Topology interface {
+	LookupIP(netip.Addr) (kube.Endpoint, bool)
+	LookupPod(namespace, name string) (kube.Endpoint, bool)
+	JobExists(namespace, name string) bool
+}
+
+// Count says what a flow counts as.
+type Count uint8
+
+const (
+	// NotCounted: a reply, the receiving side of a forwarded flow, an
+	// intermediate observation point, a policy-verdict event of a drop
+	// already counted, another node's flow, or a verdict we do not count.
+	NotCounted Count = iota
+	// Forwarded: a forwarded flow event on its sending side.
+	Forwarded
+	// Dropped: a drop, where it happened.
+	Dropped
+)
+
+// Label values of the verdict and direction labels.
+const (
+	VerdictForwarded = "forwarded"
+	VerdictDropped   = "dropped"
+
+	DirectionIngress = "ingress"
+	DirectionEgress  = "egress"
+	DirectionUnknown = "unknown"
+)
+
+// Policy drop reasons (the reason label). Other drop reasons are not
+// policy drops and only count as flow events with verdict "dropped".
+const (
+	ReasonPolicyDenied = "POLICY_DENIED"
+	ReasonPolicyDeny   = "POLICY_DENY"
+	ReasonAuthRequired = "AUTH_REQUIRED"
+)
+
+// Cilium monitor message types (pkg/monitor/api MessageType*), as found in
+// Flow.event_type.type.
+const (
+	eventUnknown       = 0 // absent, e.g. masked out of an exported file
+	eventDrop          = 1
+	eventTrace         = 4
+	eventPolicyVerdict = 5
+)
+
+// Side names one end of a flow.
+type Side uint8
+
+const (
+	SideNone Side = iota
+	SideSource
+	SideDestination
+)
+
+// Result is the classification of one flow. Its strings are shared with
+// the index and the flow; nothing is formatted per flow.
+type Result struct {
+	Count Count
+	// Node is the observing node (flow.node_name without a cluster prefix).
+	Node     string
+	Src, Dst kube.Endpoint
+	// SrcUnresolved / DstUnresolved: the side is a cluster address the
+	// index cannot place (world addresses are not unresolved).
+	SrcUnresolved, DstUnresolved bool
+	// Local is the side on the observing node, by which the job is chosen.
+	Local Side
+	// Job is the local side's job, else the peer's; nil when neither side
+	// is a job pod.
+	Job       *kube.Job
+	Locality  string
+	Direction string
+	Verdict   string // VerdictForwarded / VerdictDropped when counted
+	// Reason is a policy drop reason, empty for other drops and forwards.
+	Reason string
+	// PolicyNamespace / PolicyName name the denying policy when the flow
+	// carries it (policy-verdict events, Cilium >= 1.16), else empty.
+	PolicyNamespace, PolicyName string
+}
+
+// PolicyDrop reports whether the result is a drop by policy.
+func (r *Result) PolicyDrop() bool { return r.Count == Dropped && r.Reason != "" }
+
+// Policy renders the policy label: "namespace/name", "name" for a
+// cluster-wide policy, "" when unknown (default deny). It allocates; the
+// counters keep the two parts apart and join them at scrape time.
+func (r *Result) Policy() string { return policyLabel(r.PolicyNamespace, r.PolicyName) }
+
+func policyLabel(ns, name string) string {
+	if ns == "" {
+		return name
+	}
+	return ns + "/" + name
+}
+
+// Classifier classifies flows. It keeps a small cache to pair the
+// policy-verdict event and the drop event of one packet, so a Classifier
+// is used by one goroutine at a time.
+type Classifier struct {
+	topo Topology
+	node string
+	seed maphash.Seed
+	// pairs is a direct-mapped cache of recent drop-type events by packet
+	// tuple; see pair.
+	pairs [1024]pairSlot
+}
+
+type pairSlot struct {
+	key  uint64
+	kind int32
+	at   int64
+}
+
+// pairWindow is how far apart (flow time) the policy-verdict and drop
+// events of one packet may be; both are stamped when the agent reads them,
+// microseconds apart, while a retransmission comes a second later.
+const pairWindow = int64(500e6)
+
+// NewClassifier returns a classifier joining flows with topo. node is this
+// exporter's node (DaemonSet mode): flows observed on other nodes are not
+// counted, and a flow without node_name is taken as observed there. Empty
+// node accepts every node's flows (Relay, files).
+func NewClassifier(topo Topology, node string) *Classifier {
+	return &Classifier{topo: topo, node: node, seed: maphash.MakeSeed()}
+}
+
+// Classify classifies f without allocating.
+func (c *Classifier) Classify(f *flowpb.Flow) Result {
+	var r Result
+	r.Node = observingNode(f.GetNodeName())
+	if r.Node == "" {
+		r.Node = c.node
+	}
+	ip := f.GetIP()
+	src, dst := f.GetSource(), f.GetDestination()
+	var srcOK, dstOK bool
+	r.Src, srcOK = c.resolve(ip.GetSource(), src)
+	r.Dst, dstOK = c.resolve(ip.GetDestination(), dst)
+	r.SrcUnresolved = !srcOK && !isWorld(src)
+	r.DstUnresolved = !dstOK && !isWorld(dst)
+	srcLocal := isLocal(r.Src, src, r.Node)
+	dstLocal := isLocal(r.Dst, dst, r.Node)
+	r.Direction = direction(f.GetTrafficDirection())
+	r.Locality = kube.Locality(r.Src, r.Dst)
+
+	switch {
+	case srcLocal && !dstLocal:
+		r.Local = SideSource
+	case dstLocal && !srcLocal:
+		r.Local = SideDestination
+	case srcLocal && dstLocal && r.Direction == DirectionIngress:
+		r.Local = SideDestination
+	case srcLocal && dstLocal:
+		r.Local = SideSource
+	}
+	switch {
+	case r.Local == SideDestination && r.Dst.Job != nil:
+		r.Job = r.Dst.Job
+	case r.Local == SideSource && r.Src.Job != nil:
+		r.Job = r.Src.Job
+	case r.Local == SideDestination:
+		r.Job = r.Src.Job
+	case r.Local == SideSource:
+		r.Job = r.Dst.Job
+	case r.Src.Job != nil:
+		r.Job = r.Src.Job
+	default:
+		r.Job = r.Dst.Job
+	}
+
+	if c.node != "" && r.Node != c.node {
+		return r // another node's flow (a DaemonSet pointed at Relay)
+	}
+	event := f.GetEventType().GetType()
+	switch f.GetVerdict() {
+	case flowpb.Verdict_FORWARDED:
+		if countForwarded(f, event, srcLocal, dstLocal) {
+			r.Count, r.Verdict = Forwarded, VerdictForwarded
+		}
+	case flowpb.Verdict_DROPPED:
+		if event == eventDrop || event == eventPolicyVerdict {
+			if c.pair(f, event) {
+				return r // the other event of this packet counted it
+			}
+		}
+		r.Count, r.Verdict = Dropped, VerdictDropped
+		r.Reason = policyReason(f)
+		if r.Reason != "" {
+			r.PolicyNamespace, r.PolicyName = deniedBy(f)
+		}
+	}
+	return r
+}
+
+// countForwarded decides whether a forwarded event is the one count of its
+// packet: on the sending side, not a reply, a trace event (policy-verdict,
+// L7 and socket events describe the same packets again), at the point
+// where the packet leaves the sender's datapath.
+func countForwarded(f *flowpb.Flow, event int32, srcLocal, dstLocal bool) bool {
+	if event != eventTrace && event != eventUnknown {
+		return false
+	}
+	if f.GetIsReply().GetValue() || f.GetReply() {
+		return false
+	}
+	if !srcLocal {
+		return false // the receiving node; the sender counts it
+	}
+	switch f.GetTraceObservationPoint() {
+	case flowpb.TraceObservationPoint_UNKNOWN_POINT:
+		return true // a file without the field: one line per packet
+	case flowpb.TraceObservationPoint_TO_ENDPOINT, flowpb.TraceObservationPoint_TO_HOST:
+		// Delivered on this node: the sender is here too.
+		return true
+	case flowpb.TraceObservationPoint_TO_STACK, flowpb.TraceObservationPoint_TO_OVERLAY,
+		flowpb.TraceObservationPoint_TO_NETWORK:
+		// Leaving the node. For a local destination (legacy host routing)
+		// the packet comes back and is counted at to-endpoint.
+		return !dstLocal
+	default:
+		// from-* points (shown without monitor aggregation) precede a to-*
+		// point of the same packet; to-proxy and to-crypto are detours.
+		return false
+	}
+}
+
+// pair reports whether f is the second of the policy-verdict and drop
+// events of one packet. The first one seen counts (normally the policy
+// verdict, which names the policy); either alone counts, so a cluster with
+// one of the two event kinds disabled still counts every drop.
+func (c *Classifier) pair(f *flowpb.Flow, event int32) bool {
+	var h maphash.Hash
+	h.SetSeed(c.seed)
+	ip := f.GetIP()
+	h.WriteString(ip.GetSource())
+	h.WriteByte(0)
+	h.WriteString(ip.GetDestination())
+	h.WriteByte(0)
+	h.WriteString(f.GetNodeName())
+	sp, dp, proto := ports(f.GetL4())
+	var b [9]byte
+	b[0], b[1], b[2], b[3] = byte(sp>>24), byte(sp>>16), byte(sp>>8), byte(sp)
+	b[4], b[5], b[6], b[7] = byte(dp>>24), byte(dp>>16), byte(dp>>8), byte(dp)
+	b[8] = proto
+	h.Write(b[:])
+	key := h.Sum64() | 1 // 0 marks an empty slot
+	var at int64
+	if t := f.GetTime(); t != nil {
+		at = t.GetSeconds()*1e9 + int64(t.GetNanos())
+	}
+	s := &c.pairs[key%uint64(len(c.pairs))]
+	if s.key == key && s.kind != event {
+		if d := at - s.at; d <= pairWindow && d >= -pairWindow {
+			*s = pairSlot{}
+			return true
+		}
+	}
+	*s = pairSlot{key: key, kind: event, at: at}
+	return false
+}
+
+func ports(l4 *flowpb.Layer4) (src, dst uint32, proto byte) {
+	switch p := l4.GetProtocol().(type) {
+	case *flowpb.Layer4_TCP:
+		return p.TCP.GetSourcePort(), p.TCP.GetDestinationPort(), 6
+	case *flowpb.Layer4_UDP:
+		return p.UDP.GetSourcePort(), p.UDP.GetDestinationPort(), 17
+	case *flowpb.Layer4_SCTP:
+		return p.SCTP.GetSourcePort(), p.SCTP.GetDestinationPort(), 132
+	case *flowpb.Layer4_ICMPv4:
+		return p.ICMPv4.GetType(), p.ICMPv4.GetCode(), 1
+	case *flowpb.Layer4_ICMPv6:
+		return p.ICMPv6.GetType(), p.ICMPv6.GetCode(), 58
+	}
+	return 0, 0, 0
+}
+
+// resolve places one side: the flow's IP first, then the flow's
+// namespace/pod_name (a job pod whose IP the informer has not seen yet).
+func (c *Classifier) resolve(addr string, ep *flowpb.Endpoint) (kube.Endpoint, bool) {
+	e, ok := kube.Endpoint{Zone: kube.UnknownZone}, false
+	if addr != "" {
+		if a, err := netip.ParseAddr(addr); err == nil {
+			e, ok = c.topo.LookupIP(a)
+			if ok && e.Job != nil {
+				return e, true
+			}
+		}
+	}
+	if name := ep.GetPodName(); name != "" {
+		if pe, found := c.topo.LookupPod(ep.GetNamespace(), name); found {
+			return pe, true
+		}
+	}
+	return e, ok
+}
+
+// isLocal reports whether a side runs on the observing node. A side the
+// index cannot place is local when Hubble gave it an endpoint ID, which
+// only endpoints of the observing node have.
+func isLocal(e kube.Endpoint, ep *flowpb.Endpoint, node string) bool {
+	if e.Node != "" && node != "" {
+		return e.Node == node
+	}
+	return ep.GetID() != 0
+}
+
+// Reserved identities of addresses outside the cluster.
+const (
+	identityWorld     = 2
+	identityWorldIPv4 = 9
+	identityWorldIPv6 = 10
+)
+
+func isWorld(ep *flowpb.Endpoint) bool {
+	switch ep.GetIdentity() {
+	case identityWorld, identityWorldIPv4, identityWorldIPv6:
+		return true
+	}
+	for _, l := range ep.GetLabels() {
+		if strings.HasPrefix(l, "reserved:world") {
+			return true
+		}
+	}
+	return false
+}
+
+// observingNode strips the cluster prefix Hubble puts on node names
+// ("cluster/node"); Kubernetes node names have no slash.
+func observingNode(s string) string {
+	if i := strings.LastIndexByte(s, '/'); i >= 0 {
+		return s[i+1:]
+	}
+	return s
+}
+
+func direction(d flowpb.TrafficDirection) string {
+	switch d {
+	case flowpb.TrafficDirection_INGRESS:
+		return DirectionIngress
+	case flowpb.TrafficDirection_EGRESS:
+		return DirectionEgress
+	}
+	return DirectionUnknown
+}
+
+func policyReason(f *flowpb.Flow) string {
+	r := f.GetDropReasonDesc()
+	if r == flowpb.DropReason_DROP_REASON_UNKNOWN {
+		r = flowpb.DropReason(f.GetDropReason()) // older flows: the numeric field only
+	}
+	switch r {
+	case flowpb.DropReason_POLICY_DENIED:
+		return ReasonPolicyDenied
+	case flowpb.DropReason_POLICY_DENY:
+		return ReasonPolicyDeny
+	case flowpb.DropReason_AUTH_REQUIRED:
+		return ReasonAuthRequired
+	}
+	return ""
+}
+
+// deniedBy names the policy that denied the flow, in the direction of the
+// drop first.
+func deniedBy(f *flowpb.Flow) (namespace, name string) {
+	in, out := f.GetIngressDeniedBy(), f.GetEgressDeniedBy()
+	if f.GetTrafficDirection() == flowpb.TrafficDirection_EGRESS {
+		in, out = out, in
+	}
+	for _, list := range [2][]*flowpb.Policy{in, out} {
+		for _, p := range list {
+			if p.GetName() != "" {
+				return p.GetNamespace(), p.GetName()
+			}
+		}
+	}
+	return "", ""
+}

@@ -1,0 +1,317 @@
+package hubble
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"sync/atomic"
+	"time"
+
+	flowpb "github.com/cilium/cilium/api/v1/flow"
+	observerpb "github.com/cilium/cilium/api/v1/observer"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/fieldmaskpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+)
+
+// DefaultAddress is the node-local Hubble socket of a Cilium agent.
+const DefaultAddress = "unix:///var/run/cilium/hubble.sock"
+
+// TLSConfig is the client side of TLS to Hubble Relay.
+type TLSConfig struct {
+	Enabled    bool
+	CAFile     string // empty: the system roots
+	CertFile   string // client certificate, for mutual TLS
+	KeyFile    string
+	ServerName string // empty: the host of the address
+}
+
+// Config configures a Client.
+type Config struct {
+	// Address is unix:///path for the node socket or host:port for Relay.
+	Address string
+	TLS     TLSConfig
+	// NoFieldMask asks for whole flows (benchmarks; the mask is what a
+	// server older than field_mask support ignores anyway).
+	NoFieldMask bool
+	// BackoffMin and BackoffMax bound the reconnect delay (defaults 500ms
+	// and 30s); each failed try doubles it, with jitter.
+	BackoffMin, BackoffMax time.Duration
+	// Since replays the server's buffered flows from this time on the
+	// first connection; zero starts with new flows only, so a restarted
+	// exporter does not count the buffer again.
+	Since  time.Time
+	Logger *slog.Logger
+}
+
+// Whitelist is the server-side filter: forwarded trace events that are
+// not replies (the candidates for the sending-side count) and every drop
+// event (drop notifications and policy-verdict denials). Policy-verdict
+// "allowed", L7 and socket events never reach the exporter.
+func Whitelist() []*flowpb.FlowFilter {
+	return []*flowpb.FlowFilter{
+		{
+			Verdict:   []flowpb.Verdict{flowpb.Verdict_FORWARDED},
+			EventType: []*flowpb.EventTypeFilter{{Type: eventTrace}},
+			Reply:     []bool{false},
+		},
+		{Verdict: []flowpb.Verdict{flowpb.Verdict_DROPPED}},
+	}
+}
+
+// FieldMaskPaths are the Flow fields classification reads; the server
+// sends nothing else.
+var FieldMaskPaths = []string{
+	"time", "verdict", "drop_reason", "drop_reason_desc", "IP.source", "IP.destination", "l4",
+	"source.ID", "source.identity", "source.namespace", "source.pod_name",
+	"destination.ID", "destination.identity", "destination.namespace", "destination.pod_name",
+	"node_name", "event_type", "traffic_direction", "trace_observation_point", "is_reply",
+	"ingress_denied_by", "egress_denied_by",
+}
+
+// Client follows a Hubble Observer's flows and feeds them to an
+// Aggregator, reconnecting for ever.
+type Client struct {
+	cfg    Config
+	agg    *Aggregator
+	m      *Metrics
+	logger *slog.Logger
+	up     atomic.Bool
+
+	// marks holds, per observing node, the latest flow time seen (unix ns).
+	// After a reconnect the stream resumes from the oldest mark and flows
+	// at or before their node's mark are skipped: counted already.
+	marks    map[string]*int64
+	lastNode string
+	lastMark *int64
+	resumed  bool
+	replayed atomic.Uint64 // flows skipped as counted before a reconnect
+}
+
+// NewClient returns a client feeding agg.
+func NewClient(cfg Config, agg *Aggregator) *Client {
+	if cfg.Address == "" {
+		cfg.Address = DefaultAddress
+	}
+	if cfg.BackoffMin <= 0 {
+		cfg.BackoffMin = 500 * time.Millisecond
+	}
+	if cfg.BackoffMax < cfg.BackoffMin {
+		cfg.BackoffMax = max(30*time.Second, cfg.BackoffMin)
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	return &Client{cfg: cfg, agg: agg, m: agg.Metrics(), logger: cfg.Logger.With("source", "hubble"), marks: map[string]*int64{}}
+}
+
+// Up reports whether the flow stream is established (zonewatch_source_up).
+func (c *Client) Up() bool { return c.up.Load() }
+
+// Run follows flows until ctx ends.
+func (c *Client) Run(ctx context.Context) {
+	since := c.cfg.Since
+	connected := false // a stream has been established before
+	failures := 0
+	for {
+		start := time.Now()
+		got, err := c.session(ctx, since, connected)
+		c.up.Store(false)
+		if ctx.Err() != nil {
+			return
+		}
+		if got {
+			connected = true
+			failures = 0
+		}
+		since = c.resumeFrom(start)
+		c.resumed = true
+		delay := backoff(failures, c.cfg.BackoffMin, c.cfg.BackoffMax)
+		if failures == 0 {
+			c.logger.Warn("hubble flow stream broke; reconnecting", "address", c.cfg.Address, "err", err, "retry_in", delay)
+		} else {
+			c.logger.Debug("hubble still unreachable", "address", c.cfg.Address, "err", err, "retry_in", delay)
+		}
+		failures++
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(delay):
+		}
+	}
+}
+
+// resumeFrom is the since of the next connection: the oldest node mark,
+// but at most a minute before the newest (a node that went quiet must not
+// make the server replay its whole buffer); with no flow seen yet, when
+// the last session started.
+func (c *Client) resumeFrom(sessionStart time.Time) time.Time {
+	if len(c.marks) == 0 {
+		return sessionStart
+	}
+	var lo, hi int64
+	first := true
+	for _, m := range c.marks {
+		if first || *m < lo {
+			lo = *m
+		}
+		if first || *m > hi {
+			hi = *m
+		}
+		first = false
+	}
+	lo = max(lo, hi-int64(time.Minute))
+	return time.Unix(0, lo)
+}
+
+func backoff(failures int, lo, hi time.Duration) time.Duration {
+	d := hi
+	if failures < 30 && lo<<failures < hi {
+		d = lo << failures
+	}
+	return d/2 + rand.N(d/2+1) // jitter, so a restarted agent is not hit by every client at once
+}
+
+// session runs one connection; got reports whether the stream was
+// established.
+func (c *Client) session(ctx context.Context, since time.Time, reconnect bool) (got bool, err error) {
+	creds, err := transportCredentials(c.cfg.TLS)
+	if err != nil {
+		return false, err
+	}
+	conn, err := grpc.NewClient(c.cfg.Address, grpc.WithTransportCredentials(creds))
+	if err != nil {
+		return false, fmt.Errorf("hubble client for %s: %w", c.cfg.Address, err)
+	}
+	defer conn.Close()
+	obs := observerpb.NewObserverClient(conn)
+
+	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	st, err := obs.ServerStatus(sctx, &observerpb.ServerStatusRequest{})
+	cancel()
+	switch {
+	case err == nil:
+		c.logger.Info("hubble server status", "address", c.cfg.Address, "version", st.GetVersion(),
+			"max_flows", st.GetMaxFlows(), "num_flows", st.GetNumFlows(), "seen_flows", st.GetSeenFlows(),
+			"flows_rate", st.GetFlowsRate(), "connected_nodes", st.GetNumConnectedNodes().GetValue(),
+			"unavailable_nodes", st.GetNumUnavailableNodes().GetValue())
+	case status.Code(err) == codes.Unimplemented:
+		c.logger.Debug("hubble server has no ServerStatus", "err", err)
+	default:
+		return false, fmt.Errorf("hubble server status at %s: %w", c.cfg.Address, err)
+	}
+
+	sctx, cancel = context.WithCancel(ctx)
+	defer cancel()
+	stream, err := obs.GetFlows(sctx, c.request(since))
+	if err != nil {
+		return false, fmt.Errorf("hubble GetFlows at %s: %w", c.cfg.Address, err)
+	}
+	c.up.Store(true)
+	if reconnect {
+		c.m.Reconnects.Inc()
+		c.logger.Info("hubble flow stream re-established", "address", c.cfg.Address, "since", since)
+	}
+	resp := &observerpb.GetFlowsResponse{}
+	for {
+		if err := stream.RecvMsg(resp); err != nil {
+			return true, fmt.Errorf("receiving hubble flows from %s: %w", c.cfg.Address, err)
+		}
+		c.handle(resp)
+	}
+}
+
+func (c *Client) request(since time.Time) *observerpb.GetFlowsRequest {
+	req := &observerpb.GetFlowsRequest{Follow: true, Whitelist: Whitelist()}
+	if !since.IsZero() {
+		req.Since = timestamppb.New(since)
+	}
+	if !c.cfg.NoFieldMask {
+		req.FieldMask = &fieldmaskpb.FieldMask{Paths: FieldMaskPaths}
+	}
+	return req
+}
+
+func (c *Client) handle(resp *observerpb.GetFlowsResponse) {
+	switch x := resp.GetResponseTypes().(type) {
+	case *observerpb.GetFlowsResponse_Flow:
+		if c.seen(x.Flow) {
+			c.replayed.Add(1)
+			return
+		}
+		c.agg.Observe(x.Flow)
+	case *observerpb.GetFlowsResponse_LostEvents:
+		c.m.Lost(x.LostEvents.GetSource(), x.LostEvents.GetNumEventsLost())
+	case *observerpb.GetFlowsResponse_NodeStatus:
+		ns := x.NodeStatus
+		c.logger.Debug("hubble relay node status", "nodes", ns.GetNodeNames(), "state", ns.GetStateChange().String(), "message", ns.GetMessage())
+	}
+}
+
+// seen records f's time as its node's mark and reports whether a previous
+// connection counted it already.
+func (c *Client) seen(f *flowpb.Flow) bool {
+	ts := f.GetTime()
+	if ts == nil {
+		return false
+	}
+	t := ts.GetSeconds()*1e9 + int64(ts.GetNanos())
+	node := f.GetNodeName()
+	mark := c.lastMark
+	if mark == nil || node != c.lastNode {
+		mark = c.marks[node]
+		if mark == nil {
+			mark = new(int64)
+			*mark = -1 << 63
+			c.marks[node] = mark
+		} else if c.resumed && t <= *mark {
+			return true
+		}
+		c.lastNode, c.lastMark = node, mark
+	} else if c.resumed && t <= *mark {
+		return true
+	}
+	if t > *mark {
+		*mark = t
+	}
+	return false
+}
+
+func transportCredentials(cfg TLSConfig) (credentials.TransportCredentials, error) {
+	if !cfg.Enabled {
+		return insecure.NewCredentials(), nil
+	}
+	// Files are read on every connection, so rotated certificates apply at
+	// the next reconnect.
+	tc := &tls.Config{ServerName: cfg.ServerName, MinVersion: tls.VersionTLS12}
+	if cfg.CAFile != "" {
+		pem, err := os.ReadFile(cfg.CAFile)
+		if err != nil {
+			return nil, fmt.Errorf("reading hubble TLS CA: %w", err)
+		}
+		tc.RootCAs = x509.NewCertPool()
+		if !tc.RootCAs.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("hubble TLS CA %s: no PEM certificate", cfg.CAFile)
+		}
+	}
+	if cfg.CertFile != "" || cfg.KeyFile != "" {
+		if cfg.CertFile == "" || cfg.KeyFile == "" {
+			return nil, errors.New("hubble TLS: client certificate and key go together")
+		}
+		cert, err := tls.LoadX509KeyPair(cfg.CertFile, cfg.KeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("loading hubble TLS client certificate: %w", err)
+		}
+		tc.Certificates = []tls.Certificate{cert}
+	}
+	return credentials.NewTLS(tc), nil
+}

@@ -1,0 +1,190 @@
+package hubble
+
+import (
+	"errors"
+	"time"
+
+	flowpb "github.com/cilium/cilium/api/v1/flow"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/zonewatch/zonewatch/collector/jobcounter"
+)
+
+var (
+	policyDropsDesc = prometheus.NewDesc("zonewatch_job_policy_drops_total",
+		"Packets of a training job dropped by network policy (Hubble drop events), counted on the node where they were dropped. policy is namespace/name of the denying policy when Cilium names it, else empty (default deny).",
+		[]string{"namespace", "job_name", "direction", "src_zone", "dst_zone", "locality", "reason", "policy"}, nil)
+	flowEventsDesc = prometheus.NewDesc("zonewatch_job_flow_events_total",
+		"Hubble flow events of a training job: forwarded events once on the sending node (replies not counted), drops where they happen. Events, not packets or bytes.",
+		[]string{"namespace", "job_name", "src_zone", "dst_zone", "locality", "verdict"}, nil)
+)
+
+// DropKey is one zonewatch_job_policy_drops_total series. The policy is
+// kept in two parts so that counting never formats a string.
+type DropKey struct {
+	Namespace, Job              string
+	Direction, SrcZone, DstZone string
+	Locality, Reason            string
+	PolicyNamespace, PolicyName string
+}
+
+// JobKey implements jobcounter.Key.
+func (k DropKey) JobKey() (string, string) { return k.Namespace, k.Job }
+
+// LabelValues implements jobcounter.Key.
+func (k DropKey) LabelValues() []string {
+	return []string{k.Namespace, k.Job, k.Direction, k.SrcZone, k.DstZone, k.Locality, k.Reason, policyLabel(k.PolicyNamespace, k.PolicyName)}
+}
+
+// EventKey is one zonewatch_job_flow_events_total series.
+type EventKey struct {
+	Namespace, Job             string
+	SrcZone, DstZone, Locality string
+	Verdict                    string
+}
+
+// JobKey implements jobcounter.Key.
+func (k EventKey) JobKey() (string, string) { return k.Namespace, k.Job }
+
+// LabelValues implements jobcounter.Key.
+func (k EventKey) LabelValues() []string {
+	return []string{k.Namespace, k.Job, k.SrcZone, k.DstZone, k.Locality, k.Verdict}
+}
+
+// Metrics are the exporter's own Hubble counters.
+type Metrics struct {
+	Processed     prometheus.Counter
+	Reconnects    prometheus.Counter
+	UnresolvedSrc prometheus.Counter
+	UnresolvedDst prometheus.Counter
+	lost          [4]prometheus.Counter // by flowpb.LostEventSource
+}
+
+// NewMetrics creates the self metrics and registers them with reg (nil:
+// unregistered, for tests and offline analysis). A metric another part has
+// registered already (zonewatch_flows_unresolved_total) is shared.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	processed := prometheus.NewCounter(prometheus.CounterOpts{Name: "zonewatch_hubble_flows_processed_total",
+		Help: "Hubble flows received and classified (every flow, counted or not)."})
+	reconnects := prometheus.NewCounter(prometheus.CounterOpts{Name: "zonewatch_hubble_reconnects_total",
+		Help: "Times the Hubble flow stream was re-established after it broke."})
+	lost := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "zonewatch_hubble_lost_events_total",
+		Help: "Flow events Hubble reported lost (lost_events), by where they were lost."}, []string{"source"})
+	unresolved := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "zonewatch_flows_unresolved_total",
+		Help: "Counted flows with a side whose cluster address the topology index could not place (side=source|destination); internet peers are not unresolved."}, []string{"side"})
+	if reg != nil {
+		processed = register(reg, processed)
+		reconnects = register(reg, reconnects)
+		lost = register(reg, lost)
+		unresolved = register(reg, unresolved)
+	}
+	m := &Metrics{
+		Processed: processed, Reconnects: reconnects,
+		UnresolvedSrc: unresolved.WithLabelValues("source"),
+		UnresolvedDst: unresolved.WithLabelValues("destination"),
+	}
+	for i := range m.lost {
+		m.lost[i] = lost.WithLabelValues(lostSourceLabel(flowpb.LostEventSource(i)))
+	}
+	return m
+}
+
+func register[C prometheus.Collector](reg prometheus.Registerer, c C) C {
+	if err := reg.Register(c); err != nil {
+		var are prometheus.AlreadyRegisteredError
+		if errors.As(err, &are) {
+			if existing, ok := are.ExistingCollector.(C); ok {
+				return existing
+			}
+		}
+		panic(err) // a programming error: two metrics of one name and different shapes
+	}
+	return c
+}
+
+// Lost counts n events lost at source.
+func (m *Metrics) Lost(source flowpb.LostEventSource, n uint64) {
+	if int(source) < 0 || int(source) >= len(m.lost) {
+		source = flowpb.LostEventSource_UNKNOWN_LOST_EVENT_SOURCE
+	}
+	m.lost[source].Add(float64(n))
+}
+
+func lostSourceLabel(s flowpb.LostEventSource) string {
+	switch s {
+	case flowpb.LostEventSource_PERF_EVENT_RING_BUFFER:
+		return "perf_event_ring_buffer"
+	case flowpb.LostEventSource_OBSERVER_EVENTS_QUEUE:
+		return "observer_events_queue"
+	case flowpb.LostEventSource_HUBBLE_RING_BUFFER:
+		return "hubble_ring_buffer"
+	}
+	return "unknown"
+}
+
+// Aggregator classifies flows and keeps the per-job counters. Observe is
+// called from one goroutine (the stream or the file reader); Update may run
+// concurrently (scrapes).
+type Aggregator struct {
+	cls    *Classifier
+	m      *Metrics
+	drops  *jobcounter.Vec[DropKey]
+	events *jobcounter.Vec[EventKey]
+}
+
+// NewAggregator returns an aggregator for flows observed on node (empty:
+// any node). Counters of a job gone from topo stay for grace, then go.
+func NewAggregator(topo Topology, node string, grace time.Duration, m *Metrics) *Aggregator {
+	if m == nil {
+		m = NewMetrics(nil)
+	}
+	return &Aggregator{
+		cls:    NewClassifier(topo, node),
+		m:      m,
+		drops:  jobcounter.New[DropKey](policyDropsDesc, topo, grace),
+		events: jobcounter.New[EventKey](flowEventsDesc, topo, grace),
+	}
+}
+
+// Observe classifies f and counts it. It does not allocate once the
+// series exist.
+func (a *Aggregator) Observe(f *flowpb.Flow) Result {
+	r := a.cls.Classify(f)
+	a.m.Processed.Inc()
+	if r.Count == NotCounted {
+		return r
+	}
+	if r.SrcUnresolved {
+		a.m.UnresolvedSrc.Inc()
+	}
+	if r.DstUnresolved {
+		a.m.UnresolvedDst.Inc()
+	}
+	if r.Job == nil {
+		return r
+	}
+	a.events.Add(EventKey{Namespace: r.Job.Namespace, Job: r.Job.Name,
+		SrcZone: r.Src.Zone, DstZone: r.Dst.Zone, Locality: r.Locality, Verdict: r.Verdict}, 1)
+	if r.PolicyDrop() {
+		a.drops.Add(DropKey{Namespace: r.Job.Namespace, Job: r.Job.Name, Direction: r.Direction,
+			SrcZone: r.Src.Zone, DstZone: r.Dst.Zone, Locality: r.Locality, Reason: r.Reason,
+			PolicyNamespace: r.PolicyNamespace, PolicyName: r.PolicyName}, 1)
+	}
+	return r
+}
+
+// Drops returns the policy-drop counters (for tests and reports).
+func (a *Aggregator) Drops() *jobcounter.Vec[DropKey] { return a.drops }
+
+// Events returns the flow-event counters.
+func (a *Aggregator) Events() *jobcounter.Vec[EventKey] { return a.events }
+
+// Metrics returns the self metrics the aggregator counts into.
+func (a *Aggregator) Metrics() *Metrics { return a.m }
+
+// Update implements collector.Collector.
+func (a *Aggregator) Update(ch chan<- prometheus.Metric) error {
+	a.drops.Collect(ch)
+	a.events.Collect(ch)
+	return nil
+}

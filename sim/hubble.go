@@ -1,0 +1,455 @@
+package sim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	flowpb "github.com/cilium/cilium/api/v1/flow"
+	observerpb "github.com/cilium/cilium/api/v1/observer"
+	relaypb "github.com/cilium/cilium/api/v1/relay"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/types/known/timestamppb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+)
+
+// HubbleVersion is what the fake Observer reports in ServerStatus.
+const HubbleVersion = "1.20.2-zonewatch-sim"
+
+// Hubble is a fake Hubble Observer: a real gRPC server that keeps flows in
+// a ring buffer like Hubble's and streams them to GetFlows clients with
+// follow, since/until/number, whitelist/blacklist filters (the fields
+// zonewatch uses), the field mask, lost_events for clients that fall
+// behind the ring, and ServerStatus. It serves one node's flows, or every
+// node's (Relay-like) when node is empty. It can be stopped and started
+// again; the ring survives, as it does when only the connection breaks.
+type Hubble struct {
+	scenario *Scenario
+	node     string
+	started  time.Time
+
+	mu    sync.Mutex
+	ring  []*observerpb.GetFlowsResponse
+	next  uint64 // sequence number of the next response
+	wake  chan struct{}
+	stamp int64 // last flow time handed out (unix ns), strictly increasing
+	gen   generator
+
+	srvMu sync.Mutex
+	srv   *grpc.Server
+	path  string
+}
+
+// NewHubble returns a fake Observer for node ("" for every node) keeping
+// capacity flows (4096 when <= 0). It serves nothing until Start.
+func NewHubble(s *Scenario, node string, capacity int) *Hubble {
+	if capacity <= 0 {
+		capacity = 4096
+	}
+	return &Hubble{scenario: s, node: node, started: time.Now(), ring: make([]*observerpb.GetFlowsResponse, capacity), wake: make(chan struct{})}
+}
+
+// Start serves the Observer API on a unix socket at path.
+func (h *Hubble) Start(path string) error {
+	h.srvMu.Lock()
+	defer h.srvMu.Unlock()
+	if h.srv != nil {
+		return errors.New("sim: hubble server already started")
+	}
+	_ = os.Remove(path)
+	lis, err := net.Listen("unix", path)
+	if err != nil {
+		return fmt.Errorf("sim: hubble listen on %s: %w", path, err)
+	}
+	srv := grpc.NewServer()
+	observerpb.RegisterObserverServer(srv, &observer{h: h})
+	h.srv, h.path = srv, path
+	go func() { _ = srv.Serve(lis) }()
+	return nil
+}
+
+// Stop stops serving: open streams end, the socket goes away.
+func (h *Hubble) Stop() {
+	h.srvMu.Lock()
+	defer h.srvMu.Unlock()
+	if h.srv == nil {
+		return
+	}
+	h.srv.Stop()
+	_ = os.Remove(h.path)
+	h.srv = nil
+}
+
+// Publish appends flows to the ring, as the agent does when it sees them.
+// Their node_name and time are kept as given.
+func (h *Hubble) Publish(flows ...*flowpb.Flow) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, f := range flows {
+		if t := f.GetTime(); t != nil {
+			h.stamp = max(h.stamp, t.AsTime().UnixNano())
+		}
+		h.appendLocked(&observerpb.GetFlowsResponse{
+			ResponseTypes: &observerpb.GetFlowsResponse_Flow{Flow: f},
+			NodeName:      f.GetNodeName(), Time: f.GetTime(),
+		})
+	}
+	h.wakeLocked()
+}
+
+// SendLost puts a lost_events response into the stream, as Hubble does
+// when the perf ring or its event queue overflowed.
+func (h *Hubble) SendLost(source flowpb.LostEventSource, n uint64) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	now := timestamppb.New(time.Unix(0, h.nextStampLocked(time.Now())))
+	h.appendLocked(&observerpb.GetFlowsResponse{
+		ResponseTypes: &observerpb.GetFlowsResponse_LostEvents{LostEvents: &flowpb.LostEvent{Source: source, NumEventsLost: n, First: now, Last: now}},
+		NodeName:      h.nodeName(h.node), Time: now,
+	})
+	h.wakeLocked()
+}
+
+// Seen returns how many responses were published.
+func (h *Hubble) Seen() uint64 {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.next
+}
+
+func (h *Hubble) appendLocked(r *observerpb.GetFlowsResponse) {
+	h.ring[h.next%uint64(len(h.ring))] = r
+	h.next++
+}
+
+func (h *Hubble) wakeLocked() {
+	close(h.wake)
+	h.wake = make(chan struct{})
+}
+
+// nextStampLocked returns a flow time at or after t, later than every
+// time handed out, so each node's flows have increasing times like
+// Hubble's (stamped by one reader when the agent reads them).
+func (h *Hubble) nextStampLocked(t time.Time) int64 {
+	h.stamp = max(t.UnixNano(), h.stamp+1)
+	return h.stamp
+}
+
+// firstLocked is the sequence number of the oldest response held.
+func (h *Hubble) firstLocked() uint64 {
+	if h.next > uint64(len(h.ring)) {
+		return h.next - uint64(len(h.ring))
+	}
+	return 0
+}
+
+// nodeName is a node's name as Hubble writes it: prefixed with the
+// cluster name in a named cluster.
+func (h *Hubble) nodeName(node string) string {
+	if node == "" {
+		return ""
+	}
+	return "zonewatch-sim/" + node
+}
+
+type observer struct {
+	observerpb.UnimplementedObserverServer
+	h *Hubble
+}
+
+func (o *observer) ServerStatus(context.Context, *observerpb.ServerStatusRequest) (*observerpb.ServerStatusResponse, error) {
+	h := o.h
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	up := time.Since(h.started)
+	st := &observerpb.ServerStatusResponse{
+		NumFlows: h.next - h.firstLocked(), MaxFlows: uint64(len(h.ring)), SeenFlows: h.next,
+		UptimeNs: uint64(up), Version: HubbleVersion, FlowsRate: float64(h.next) / up.Seconds(),
+	}
+	if h.node == "" {
+		st.NumConnectedNodes = wrapU32(len(h.scenario.Nodes))
+		st.NumUnavailableNodes = wrapU32(0)
+	}
+	return st, nil
+}
+
+func (o *observer) GetFlows(req *observerpb.GetFlowsRequest, stream grpc.ServerStreamingServer[observerpb.GetFlowsResponse]) error {
+	h := o.h
+	white, err := compileFilters(req.GetWhitelist())
+	if err != nil {
+		return err
+	}
+	black, err := compileFilters(req.GetBlacklist())
+	if err != nil {
+		return err
+	}
+	var mask maskTree
+	if paths := req.GetFieldMask().GetPaths(); len(paths) > 0 {
+		if mask, err = newMaskTree((&flowpb.Flow{}).ProtoReflect().Descriptor(), paths); err != nil {
+			return err
+		}
+	}
+	var since, until int64 = -1 << 63, 1<<63 - 1
+	if req.GetSince() != nil {
+		since = req.GetSince().AsTime().UnixNano()
+	}
+	if req.GetUntil() != nil {
+		until = req.GetUntil().AsTime().UnixNano()
+	}
+
+	if h.node == "" {
+		names := make([]string, 0, len(h.scenario.Nodes))
+		for _, n := range h.scenario.Nodes {
+			names = append(names, h.nodeName(n.Name))
+		}
+		if err := stream.Send(&observerpb.GetFlowsResponse{ResponseTypes: &observerpb.GetFlowsResponse_NodeStatus{
+			NodeStatus: &relaypb.NodeStatusEvent{StateChange: relaypb.NodeState_NODE_CONNECTED, NodeNames: names}}}); err != nil {
+			return err
+		}
+	}
+
+	h.mu.Lock()
+	pos := h.next
+	switch {
+	case req.GetSince() != nil || req.GetFirst():
+		pos = h.firstLocked()
+	case req.GetNumber() > 0:
+		pos = max(h.firstLocked(), h.next-min(h.next, req.GetNumber()))
+	case !req.GetFollow():
+		pos = h.firstLocked()
+	}
+	h.mu.Unlock()
+
+	ctx := stream.Context()
+	var batch []*observerpb.GetFlowsResponse
+	for {
+		h.mu.Lock()
+		first, next, wake := h.firstLocked(), h.next, h.wake
+		var lost uint64
+		if pos < first {
+			lost, pos = first-pos, first
+		}
+		batch = batch[:0]
+		for ; pos < next && len(batch) < 256; pos++ {
+			batch = append(batch, h.ring[pos%uint64(len(h.ring))])
+		}
+		h.mu.Unlock()
+
+		if lost > 0 {
+			now := timestamppb.Now()
+			if err := stream.Send(&observerpb.GetFlowsResponse{ResponseTypes: &observerpb.GetFlowsResponse_LostEvents{
+				LostEvents: &flowpb.LostEvent{Source: flowpb.LostEventSource_HUBBLE_RING_BUFFER, NumEventsLost: lost, First: now, Last: now}},
+				NodeName: h.nodeName(h.node), Time: now}); err != nil {
+				return err
+			}
+		}
+		for _, r := range batch {
+			f := r.GetFlow()
+			if f == nil {
+				if err := stream.Send(r); err != nil {
+					return err
+				}
+				continue
+			}
+			t := f.GetTime().AsTime().UnixNano()
+			if t < since {
+				continue
+			}
+			if t > until {
+				return nil
+			}
+			if (len(white) > 0 && !white.match(f)) || (len(black) > 0 && black.match(f)) {
+				continue
+			}
+			if mask != nil {
+				r = &observerpb.GetFlowsResponse{ResponseTypes: &observerpb.GetFlowsResponse_Flow{Flow: mask.apply(f.ProtoReflect()).Interface().(*flowpb.Flow)},
+					NodeName: r.GetNodeName(), Time: r.GetTime()}
+			}
+			if err := stream.Send(r); err != nil {
+				return err
+			}
+		}
+		if pos < next {
+			continue
+		}
+		if !req.GetFollow() {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-wake:
+		}
+	}
+}
+
+// filters is a whitelist or blacklist: a flow matches when any filter does.
+type filters []func(*flowpb.Flow) bool
+
+func (fs filters) match(f *flowpb.Flow) bool {
+	for _, fn := range fs {
+		if fn(f) {
+			return true
+		}
+	}
+	return false
+}
+
+// compileFilters supports the FlowFilter fields zonewatch and its tests
+// use; any other field set is an error rather than a silent mismatch.
+func compileFilters(in []*flowpb.FlowFilter) (filters, error) {
+	var out filters
+	for _, ff := range in {
+		var unsupported []string
+		ff.ProtoReflect().Range(func(fd protoreflect.FieldDescriptor, _ protoreflect.Value) bool {
+			switch fd.Name() {
+			case "verdict", "event_type", "reply", "node_name", "drop_reason_desc", "traffic_direction", "source_pod", "destination_pod":
+			default:
+				unsupported = append(unsupported, string(fd.Name()))
+			}
+			return true
+		})
+		if len(unsupported) > 0 {
+			return nil, status.Errorf(codes.InvalidArgument, "sim: unsupported flow filter fields %v", unsupported)
+		}
+		out = append(out, func(f *flowpb.Flow) bool {
+			return matchAny(ff.GetVerdict(), f.GetVerdict()) &&
+				matchAny(ff.GetDropReasonDesc(), f.GetDropReasonDesc()) &&
+				matchAny(ff.GetTrafficDirection(), f.GetTrafficDirection()) &&
+				matchEventType(ff.GetEventType(), f.GetEventType()) &&
+				matchReply(ff.GetReply(), f) &&
+				matchNode(ff.GetNodeName(), f.GetNodeName()) &&
+				matchPod(ff.GetSourcePod(), f.GetSource()) &&
+				matchPod(ff.GetDestinationPod(), f.GetDestination())
+		})
+	}
+	return out, nil
+}
+
+func matchAny[T comparable](want []T, got T) bool {
+	if len(want) == 0 {
+		return true
+	}
+	for _, w := range want {
+		if w == got {
+			return true
+		}
+	}
+	return false
+}
+
+func matchEventType(want []*flowpb.EventTypeFilter, got *flowpb.CiliumEventType) bool {
+	if len(want) == 0 {
+		return true
+	}
+	for _, w := range want {
+		if w.GetType() == got.GetType() && (!w.GetMatchSubType() || w.GetSubType() == got.GetSubType()) {
+			return true
+		}
+	}
+	return false
+}
+
+// matchReply follows Hubble: a flow whose reply state is unknown matches
+// no reply filter.
+func matchReply(want []bool, f *flowpb.Flow) bool {
+	if len(want) == 0 {
+		return true
+	}
+	if f.GetIsReply() == nil {
+		return false
+	}
+	return matchAny(want, f.GetIsReply().GetValue())
+}
+
+func matchNode(want []string, got string) bool {
+	if len(want) == 0 {
+		return true
+	}
+	short := got[strings.LastIndexByte(got, '/')+1:]
+	for _, w := range want {
+		if w == got || w == short {
+			return true
+		}
+	}
+	return false
+}
+
+// matchPod matches "namespace/" or "namespace/pod-prefix", like Hubble.
+func matchPod(want []string, ep *flowpb.Endpoint) bool {
+	if len(want) == 0 {
+		return true
+	}
+	for _, w := range want {
+		ns, pod, _ := strings.Cut(w, "/")
+		if ns == ep.GetNamespace() && strings.HasPrefix(ep.GetPodName(), pod) {
+			return true
+		}
+	}
+	return false
+}
+
+// maskTree is a compiled field mask: a field maps to nil (the whole
+// field) or to the mask of its sub-message.
+type maskTree map[protoreflect.Name]maskTree
+
+func newMaskTree(md protoreflect.MessageDescriptor, paths []string) (maskTree, error) {
+	root := maskTree{}
+	for _, p := range paths {
+		node, d := root, md
+		parts := strings.Split(p, ".")
+	walk:
+		for i, part := range parts {
+			fd := d.Fields().ByName(protoreflect.Name(part))
+			if fd == nil {
+				return nil, status.Errorf(codes.InvalidArgument, "sim: field mask path %q: no field %q in %s", p, part, d.FullName())
+			}
+			if i == len(parts)-1 {
+				node[fd.Name()] = nil // the whole field wins over parts of it
+				break
+			}
+			if fd.Message() == nil || fd.IsList() || fd.IsMap() {
+				return nil, status.Errorf(codes.InvalidArgument, "sim: field mask path %q: %q is not a message", p, part)
+			}
+			sub, seen := node[fd.Name()]
+			switch {
+			case seen && sub == nil:
+				break walk // already whole
+			case sub == nil:
+				sub = maskTree{}
+				node[fd.Name()] = sub
+			}
+			node, d = sub, fd.Message()
+		}
+	}
+	return root, nil
+}
+
+// apply returns a copy of m holding only the masked fields; whole fields
+// are shared with m, which the server never changes after publishing.
+func (t maskTree) apply(m protoreflect.Message) protoreflect.Message {
+	out := m.New()
+	fields := m.Descriptor().Fields()
+	for name, sub := range t {
+		fd := fields.ByName(name)
+		if !m.Has(fd) {
+			continue
+		}
+		if sub == nil {
+			out.Set(fd, m.Get(fd))
+			continue
+		}
+		out.Set(fd, protoreflect.ValueOfMessage(sub.apply(m.Get(fd).Message())))
+	}
+	return out
+}
+
+func wrapU32(n int) *wrapperspb.UInt32Value { return wrapperspb.UInt32(uint32(n)) }
