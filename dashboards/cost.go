@@ -114,7 +114,7 @@ func costReport(o Options) (dashboard.Dashboard, error) {
 			Thresholds(thresholds(base("green"), at(0.01, "red"))).
 			Span(12))
 
-	return b.Build()
+	return g.build(b)
 }
 
 // priceMarkdown shows the price variables; Grafana fills them in.

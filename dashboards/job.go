@@ -171,7 +171,7 @@ func jobDrilldown(o Options) (dashboard.Dashboard, error) {
 			rangeQ(sel(ruleCrossCost), "cross-zone transfer"),
 			rangeQ(sel(ruleIdleGPUCost), "idle GPUs")))
 
-	return b.Build()
+	return g.build(b)
 }
 
 // labelTable lists the label sets an instant query returns, one row per

@@ -68,7 +68,18 @@ func overview(o Options) (dashboard.Dashboard, error) {
 			Thresholds(thresholds(base("blue"))))
 
 	// Row 2: the split jobs, worst first, each linked to its drill-down.
+	firing := "and " + onJob + " " + alerts
 	b.WithRow(g.row("Split jobs")).
+		WithPanel(g.jobLink(g.table("Paging now: idle-GPU split jobs",
+			"Jobs for which "+AlertIdleGPUSplitJob+" fires: split, blocked by a zone-boundary policy, GPUs idle. Click the job name for its drill-down (zones, denying policy), then follow the alert's runbook.",
+			column{"Pending since", units.DateTimeFromNow, "max by (namespace, job_name) (" + g.m("ALERTS_FOR_STATE", fmt.Sprintf("alertname=%q", AlertIdleGPUSplitJob), nsAny) + " * 1000 " + firing + ")"},
+			column{"GPUs", units.NoUnit, "max by (namespace, job_name) (" + g.m(ruleGPUs, nsAny) + " " + firing + ")"},
+			column{"Idle GPU $/hour", units.Dollars, "max by (namespace, job_name) (" + g.m(ruleIdleGPUCost, nsAny) + " " + firing + ")"},
+			column{"Cross-zone drops/s", units.EventsPerSecond, "sum by (namespace, job_name) (" + g.m(ruleDrops, nsAny, crossZone) + " " + firing + ")"},
+		).
+			SortBy(sortDesc("Idle GPU $/hour")).
+			NoValue("nothing pages").
+			Height(6))).
 		WithPanel(g.jobLink(g.table("Split jobs now",
 			"Every job split across zones, most expensive idle GPUs first. Click a job name for its drill-down. Paging = the idle-GPU alert fires; low SM activity with cross-zone traffic = slowed by inter-zone latency.",
 			column{"Zones", units.NoUnit, inSplit(g.m(ruleZones, nsAny))},
@@ -165,5 +176,5 @@ func overview(o Options) (dashboard.Dashboard, error) {
 			units.NoUnit,
 			rangeQ("sum by (collector) (1 - "+g.self("zonewatch_scrape_collector_success")+")", "{{collector}}")))
 
-	return b.Build()
+	return g.build(b)
 }

@@ -224,7 +224,7 @@ func sortDesc(header string) []cog.Builder[common.TableSortByFieldState] {
 // jobLink makes a table's job_name column open the job drill-down for that
 // row, keeping the time range and data source.
 func (g *gen) jobLink(tb *table.PanelBuilder) *table.PanelBuilder {
-	url := "/d/" + UIDJob + "/?${datasource:queryparam}"
+	url := "/d/" + UIDJob + "?${datasource:queryparam}"
 	if g.o.ClusterLabel != "" {
 		url += "&${cluster:queryparam}"
 	}
@@ -339,11 +339,17 @@ func (g *gen) newDashboard(uid, title, desc, from string) *dashboard.DashboardBu
 	if g.o.ClusterLabel != "" {
 		b.WithVariable(g.clusterVar())
 	}
+	return b
+}
+
+// build adds the hidden constants after the visible variables and builds.
+func (g *gen) build(b *dashboard.DashboardBuilder) (dashboard.Dashboard, error) {
 	return b.
 		WithVariable(constantVar(varCrossZonePrice, "USD per cross-zone GB",
 			"Price of one GB (10^9 bytes) sent across zones; the rules config's crossZoneDollarsPerGB.", g.o.CrossZoneUSDPerGB)).
 		WithVariable(constantVar(varGPUPrice, "USD per GPU-hour",
 			"Price of one GPU-hour; the rules config's gpuDollarsPerHour.", g.o.GPUUSDPerHour)).
 		WithVariable(constantVar(varIdleGPU, "Idle GPU utilization",
-			"Utilization ratio below which a GPU counts as idle; the rules config's idleGPUUtilization.", g.o.IdleGPUUtilization))
+			"Utilization ratio below which a GPU counts as idle; the rules config's idleGPUUtilization.", g.o.IdleGPUUtilization)).
+		Build()
 }

@@ -1,0 +1,161 @@
+package dashboards
+
+import (
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// TestHelmTemplate renders templates/dashboards.yaml with helm in a scratch
+// chart (the template and the chart's dashboard copies, nothing else) and
+// checks the ConfigMaps: sidecar label and folder, the dashboard JSON, and
+// the price constants taken from the rules values.
+func TestHelmTemplate(t *testing.T) {
+	required := os.Getenv("CI") != "" || os.Getenv("ZONEWATCH_REQUIRE_TOOLS") != ""
+	helm := findHelm()
+	if helm == "" {
+		if required {
+			t.Fatal("helm not found (PATH, $ZONEWATCH_TOOLS/bin or .tools/bin; hack/tools.sh builds it)")
+		}
+		t.Skip("helm not found (PATH, $ZONEWATCH_TOOLS/bin or .tools/bin; hack/tools.sh builds it); set ZONEWATCH_REQUIRE_TOOLS=1 to make this a failure")
+	}
+
+	chart := filepath.Join(t.TempDir(), "zonewatch")
+	for _, dir := range []string{"templates", "dashboards"} {
+		if err := os.MkdirAll(filepath.Join(chart, dir), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	copyFile(t, filepath.Join(repoRoot, "deploy/helm/zonewatch/templates/dashboards.yaml"), filepath.Join(chart, "templates/dashboards.yaml"))
+	copies, _ := filepath.Glob(filepath.Join(repoRoot, HelmDir, "*.json"))
+	if len(copies) != 3 {
+		t.Fatalf("%d dashboards in %s, want 3; %s", len(copies), HelmDir, regenerate)
+	}
+	for _, p := range copies {
+		copyFile(t, p, filepath.Join(chart, "dashboards", filepath.Base(p)))
+	}
+	if err := os.WriteFile(filepath.Join(chart, "Chart.yaml"), []byte("apiVersion: v2\nname: zonewatch\nversion: 0.0.0\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+
+	out := runHelm(t, helm, "template", "zw", chart, "--namespace", "monitoring",
+		"--set", "rules.crossZoneDollarsPerGB=0.02", "--set", "rules.gpuDollarsPerHour=2.5",
+		"--set", "dashboards.folder=GPU jobs")
+	docs := strings.Split(out, "\n---\n")
+	var found []string
+	for _, doc := range docs {
+		if !strings.Contains(doc, "kind: ConfigMap") {
+			continue
+		}
+		for _, want := range []string{"namespace: monitoring", `grafana_dashboard: "1"`, `grafana_folder: "GPU jobs"`} {
+			if !strings.Contains(doc, want) {
+				t.Errorf("ConfigMap lacks %q:\n%.400s", want, doc)
+			}
+		}
+		_, block, ok := strings.Cut(doc, ".json: |-\n")
+		if !ok {
+			t.Fatalf("no dashboard in ConfigMap:\n%.400s", doc)
+		}
+		var js strings.Builder
+		for line := range strings.Lines(block) {
+			js.WriteString(strings.TrimPrefix(line, "    "))
+		}
+		var d struct {
+			UID        string `json:"uid"`
+			Templating struct {
+				List []struct {
+					Name, Type string
+					Query      any
+				}
+			}
+		}
+		if err := json.Unmarshal([]byte(js.String()), &d); err != nil {
+			t.Fatalf("ConfigMap data is not JSON: %v", err)
+		}
+		found = append(found, d.UID)
+		consts := map[string]any{}
+		for _, v := range d.Templating.List {
+			if v.Type == "constant" {
+				consts[v.Name] = v.Query
+			}
+		}
+		want := map[string]any{varCrossZonePrice: "0.02", varGPUPrice: "2.5", varIdleGPU: "0.05"}
+		for k, v := range want {
+			if consts[k] != v {
+				t.Errorf("%s: constant %s = %v, want %v (from the rules values, or the generated default)", d.UID, k, consts[k], v)
+			}
+		}
+		qs, err := Queries([]byte(js.String()), map[string]string{"namespace": "ml", "job_name": "llama"})
+		if err != nil {
+			t.Errorf("%s: rendered dashboard: %v", d.UID, err)
+		}
+		if d.UID == UIDCost && !strings.Contains(exprs(qs), "* 0.02") {
+			t.Errorf("%s: cost queries do not use the chart's price 0.02:\n%s", d.UID, exprs(qs))
+		}
+	}
+	if len(found) != 3 {
+		t.Errorf("rendered dashboards %v, want 3", found)
+	}
+
+	if off := runHelm(t, helm, "template", "zw", chart, "--set", "dashboards.enabled=false"); strings.Contains(off, "kind: ConfigMap") {
+		t.Errorf("dashboards.enabled=false still renders ConfigMaps")
+	}
+}
+
+func exprs(qs []Query) string {
+	var b strings.Builder
+	for _, q := range qs {
+		b.WriteString(q.Expr + "\n")
+	}
+	return b.String()
+}
+
+func findHelm() string {
+	if p, err := exec.LookPath("helm"); err == nil {
+		return p
+	}
+	dirs := []string{filepath.Join(repoRoot, ".tools", "bin")}
+	if d := os.Getenv("ZONEWATCH_TOOLS"); d != "" {
+		dirs = append([]string{filepath.Join(d, "bin")}, dirs...)
+	}
+	for _, d := range dirs {
+		if p := filepath.Join(d, "helm"); isExecutable(p) {
+			return p
+		}
+	}
+	return ""
+}
+
+func isExecutable(p string) bool {
+	st, err := os.Stat(p)
+	return err == nil && !st.IsDir() && st.Mode()&0o111 != 0
+}
+
+func runHelm(t *testing.T, helm string, args ...string) string {
+	t.Helper()
+	cmd := exec.Command(helm, args...)
+	cmd.Env = append(os.Environ(), "HELM_CACHE_HOME="+t.TempDir(), "HELM_CONFIG_HOME="+t.TempDir(), "HELM_DATA_HOME="+t.TempDir())
+	out, err := cmd.Output()
+	if err != nil {
+		var stderr string
+		if ee, ok := err.(*exec.ExitError); ok {
+			stderr = string(ee.Stderr)
+		}
+		t.Fatalf("helm %s: %v\n%s", strings.Join(args, " "), err, stderr)
+	}
+	return string(out)
+}
+
+func copyFile(t *testing.T, src, dst string) {
+	t.Helper()
+	b, err := os.ReadFile(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(dst, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
