@@ -1,0 +1,58 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/alecthomas/kingpin/v2"
+
+	"github.com/zonewatch/zonewatch/collector/conntrack"
+)
+
+func init() { register(&conntrackPart{}) }
+
+// conntrackPart counts job bytes from Cilium's conntrack accounting maps.
+type conntrackPart struct {
+	enabled  *bool
+	bpffs    *string
+	interval *time.Duration
+	layout   *string
+}
+
+func (p *conntrackPart) flags(cmd *kingpin.CmdClause) {
+	p.enabled = flagOf(cmd, "conntrack.enabled", "Count job bytes from Cilium's conntrack maps (needs bpf.ctAccounting=true in Cilium and the host's /sys/fs/bpf mounted). Disable with --no-conntrack.enabled.").Default("true").Bool()
+	p.bpffs = flagOf(cmd, "conntrack.bpffs-path", "Folder of the BPF filesystem where Cilium pins its global conntrack maps.").Default("/sys/fs/bpf/tc/globals").String()
+	p.interval = flagOf(cmd, "conntrack.poll-interval", "How often to read the conntrack maps; bytes an entry moves after the last read before it is deleted are missed.").Default("10s").Duration()
+	p.layout = flagOf(cmd, "conntrack.layout", "Cilium ct_entry layout: auto (decide from the entries), split (Cilium before 1.16: rx/tx counters) or combined (1.16 and later: one packets/bytes pair).").Default("auto").Enum("auto", "split", "combined")
+}
+
+func (p *conntrackPart) start(ctx context.Context, rt *runtime) error {
+	if !*p.enabled {
+		return nil
+	}
+	if *p.interval <= 0 {
+		return fmt.Errorf("--conntrack.poll-interval must be positive, got %s", *p.interval)
+	}
+	layout, err := conntrack.ParseLayout(*p.layout)
+	if err != nil {
+		return err
+	}
+	var src conntrack.Source = conntrack.BPFSource{Dir: *p.bpffs}
+	if rt.scenario != nil {
+		// Generated entries, in the layout asked for (combined for auto).
+		src = rt.scenario.ConntrackSource(rt.nodeName, layout, time.Now())
+	}
+	// Absent or unreadable maps are not fatal: the source reports itself
+	// down and logs once what to fix.
+	poller, err := conntrack.New(src, rt.index, conntrack.Config{
+		Node: rt.nodeName, Layout: layout, Logger: rt.logger, Self: rt.self,
+	})
+	if err != nil {
+		return fmt.Errorf("conntrack self-metrics: %w", err)
+	}
+	rt.exporter.Add("conntrack", poller)
+	rt.exporter.AddSource("conntrack", poller)
+	go poller.Run(ctx, *p.interval)
+	return nil
+}

@@ -1,0 +1,191 @@
+package sim
+
+import (
+	"net/netip"
+	"time"
+
+	"github.com/zonewatch/zonewatch/collector/conntrack"
+)
+
+// CTEntry is one generated Cilium conntrack entry, in original direction:
+// Src opened the connection to Dst. Counters are totals since the
+// connection opened, per direction; how they land in a ct_entry depends on
+// the Cilium version (see Encode).
+type CTEntry struct {
+	Node             string // the node whose CT map holds the entry
+	Src, Dst         netip.Addr
+	SrcPort, DstPort uint16
+	Proto            uint8 // 6 TCP, 17 UDP
+	// Ingress: created on Dst's node when the connection arrived
+	// (TUPLE_F_IN); otherwise on Src's node when it left (TUPLE_F_OUT).
+	Ingress bool
+	// Service: a load-balancer entry (TUPLE_F_SERVICE), which tracks no
+	// connection of its own.
+	Service                   bool
+	SentBytes, ReplyBytes     uint64 // Src -> Dst, Dst -> Src
+	SentPackets, ReplyPackets uint64
+}
+
+// Simulated TCP: full segments of ctMSS payload plus ctHeaders of
+// Ethernet/IP/TCP headers each; the receiver ACKs every second segment.
+const (
+	ctMSS          = 1448
+	ctHeaders      = 66
+	worldBytesRate = 100e3 // what each non-job pod sends to the internet
+	healthRate     = 200   // cilium-health probes between every two nodes
+	healthPort     = 4240
+)
+
+// kubeDNS is the ClusterIP of the simulated DNS service.
+var kubeDNS = netip.AddrFrom4([4]byte{10, 96, 0, 10})
+
+// ConntrackEntries returns the conntrack entries that node's Cilium holds
+// elapsed after the scenario started, matching the connections the fake
+// Hubble shows: every job worker keeps one TCP connection to its
+// coordinator's rendezvous port and sends Behaviour.BytesPerSecond on it
+// (a job whose cross-zone traffic a policy blocks has no connection, so no
+// entry), non-job pods send to the internet, every node's cilium-health
+// endpoint probes every other node's, and the first non-job pod has a DNS
+// service (load-balancer) entry. A cross-node connection has an
+// egress entry on the opener's node and an ingress entry on the
+// acceptor's; an empty node returns every node's entries.
+func (s *Scenario) ConntrackEntries(node string, elapsed time.Duration) []CTEntry {
+	secs := elapsed.Seconds()
+	var out []CTEntry
+	add := func(e CTEntry, srcNode, dstNode string, bytesPerSecond float64) {
+		payload := uint64(bytesPerSecond * secs)
+		segs := (payload + ctMSS - 1) / ctMSS
+		acks := (segs + 1) / 2
+		// +1 packet each way for the SYN and SYN-ACK.
+		e.SentPackets, e.SentBytes = segs+1, payload+(segs+1)*ctHeaders
+		e.ReplyPackets, e.ReplyBytes = acks+1, (acks+1)*ctHeaders
+		if node == "" || srcNode == node {
+			e.Node = srcNode
+			out = append(out, e)
+		}
+		if dstNode != "" && (node == "" || dstNode == node) {
+			e.Node, e.Ingress = dstNode, true
+			out = append(out, e)
+		}
+	}
+	for ji := range s.Jobs {
+		j := &s.Jobs[ji]
+		b := j.Behaviour
+		c := j.Coordinator()
+		for wi := range j.Pods {
+			w := &j.Pods[wi]
+			if w == c || b.BytesPerSecond <= 0 || (b.BlockedBy != "" && s.zoneOf(w) != s.zoneOf(c)) {
+				continue
+			}
+			add(CTEntry{Src: w.IP, Dst: c.IP, SrcPort: uint16(ephemeralPort(w, c)), DstPort: rendezvousPort, Proto: 6},
+				w.Node, c.Node, b.BytesPerSecond)
+		}
+	}
+	for i := range s.Others {
+		p := &s.Others[i]
+		add(CTEntry{Src: p.IP, Dst: worldIP, SrcPort: uint16(ephemeralPort(p, p)), DstPort: httpsPort, Proto: 6},
+			p.Node, "", worldBytesRate)
+	}
+	for i := range s.Nodes {
+		for j := range s.Nodes {
+			a, b := &s.Nodes[i], &s.Nodes[j]
+			if a == b {
+				continue
+			}
+			add(CTEntry{Src: healthIP(a), Dst: healthIP(b), SrcPort: uint16(33000 + j), DstPort: healthPort, Proto: 6},
+				a.Name, b.Name, healthRate)
+		}
+	}
+	if len(s.Others) > 0 && (node == "" || s.Others[0].Node == node) {
+		// The socket-LB entry of a DNS lookup: its counters repeat the
+		// connection's and must not be counted.
+		p := &s.Others[0]
+		out = append(out, CTEntry{Node: p.Node, Src: p.IP, Dst: kubeDNS, SrcPort: 53000, DstPort: 53, Proto: 17, Service: true,
+			SentBytes: uint64(120 * secs), SentPackets: uint64(2 * secs)})
+	}
+	return out
+}
+
+// healthIP is the node's cilium-health endpoint: an address of its pod
+// CIDR that no simulated pod gets.
+func healthIP(n *Node) netip.Addr {
+	a := n.PodCIDR.Addr().As4()
+	a[3] = 250
+	return netip.AddrFrom4(a)
+}
+
+func (s *Scenario) zoneOf(p *Pod) string {
+	if n := s.NodeByName(p.Node); n != nil {
+		return n.Zone
+	}
+	return ""
+}
+
+// Encode lays a generated entry out as Cilium stores it. Combined (1.16
+// and later) counts both directions in one pair; split (before 1.16)
+// counts what the entry's local endpoint sent (tx) and received (rx).
+func (e CTEntry) Encode(layout conntrack.Layout) (conntrack.Tuple, conntrack.Value) {
+	const (
+		tupleIn      = 1 // TUPLE_F_IN
+		tupleService = 4 // TUPLE_F_SERVICE
+		synAck       = 0x12
+	)
+	tu := conntrack.Tuple{Src: e.Src, Dst: e.Dst, SrcPort: e.SrcPort, DstPort: e.DstPort, Proto: e.Proto}
+	var v conntrack.Value
+	switch {
+	case e.Service:
+		tu.Flags = tupleService
+		v.Packets, v.Bytes = e.SentPackets, e.SentBytes
+	case layout == conntrack.LayoutSplit:
+		tx, txp, rx, rxp := e.SentBytes, e.SentPackets, e.ReplyBytes, e.ReplyPackets
+		if e.Ingress {
+			tx, txp, rx, rxp = rx, rxp, tx, txp
+		}
+		v = conntrack.Value{Word0: rxp, Word1: rx, Packets: txp, Bytes: tx}
+	default:
+		v.Packets, v.Bytes = e.SentPackets+e.ReplyPackets, e.SentBytes+e.ReplyBytes
+	}
+	if e.Ingress {
+		tu.Flags |= tupleIn
+	}
+	if e.Proto == 6 && !e.Service {
+		v.TxFlagsSeen, v.RxFlagsSeen = synAck, synAck // established both ways
+	}
+	return tu, v
+}
+
+// ConntrackSource serves the generated entries as Cilium's four global
+// CT maps hold them, in the given layout (combined unless split), so the
+// simulation runs the real decoder, layout check, deltas and attribution.
+// Counters grow from start.
+func (s *Scenario) ConntrackSource(node string, layout conntrack.Layout, start time.Time) conntrack.Source {
+	if layout != conntrack.LayoutSplit {
+		layout = conntrack.LayoutCombined
+	}
+	return &ctSource{s: s, node: node, layout: layout, start: start, now: time.Now}
+}
+
+type ctSource struct {
+	s      *Scenario
+	node   string
+	layout conntrack.Layout
+	start  time.Time
+	now    func() time.Time
+}
+
+func (c *ctSource) Open(name string) (conntrack.Table, error) {
+	v6 := name == conntrack.MapTCP6 || name == conntrack.MapAny6
+	tcp := name == conntrack.MapTCP4 || name == conntrack.MapTCP6
+	size := conntrack.KeySize4
+	if v6 {
+		size = conntrack.KeySize6
+	}
+	t := conntrack.NewMemTable(size)
+	for _, e := range c.s.ConntrackEntries(c.node, c.now().Sub(c.start)) {
+		if e.Src.Is6() != v6 || (e.Proto == 6) != tcp {
+			continue
+		}
+		t.Put(e.Encode(c.layout))
+	}
+	return t, nil
+}

@@ -1,0 +1,184 @@
+package sim
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/zonewatch/zonewatch/collector/conntrack"
+	"github.com/zonewatch/zonewatch/collector/kube"
+)
+
+func scenarioIndex(s *Scenario) *kube.Index {
+	idx := kube.NewIndex()
+	nodes, pods := s.KubeObjects()
+	for _, n := range nodes {
+		idx.UpsertNode(kube.NodeFrom(n))
+	}
+	for _, p := range pods {
+		idx.UpsertPod(0, kube.PodFrom(kube.DefaultRules(), p))
+	}
+	return idx
+}
+
+// jobBytes reads zonewatch_job_network_bytes_total by
+// "namespace/job src_zone>dst_zone locality".
+func jobBytes(t *testing.T, ps ...*conntrack.Poller) map[string]float64 {
+	t.Helper()
+	out := map[string]float64{}
+	for _, p := range ps {
+		ch := make(chan prometheus.Metric, 100)
+		if err := p.Update(ch); err != nil {
+			t.Fatal(err)
+		}
+		close(ch)
+		for m := range ch {
+			var pb dto.Metric
+			if err := m.Write(&pb); err != nil {
+				t.Fatal(err)
+			}
+			l := map[string]string{}
+			for _, lp := range pb.GetLabel() {
+				l[lp.GetName()] = lp.GetValue()
+			}
+			out[l["namespace"]+"/"+l["job_name"]+" "+l["src_zone"]+">"+l["dst_zone"]+" "+l["locality"]] += pb.GetCounter().GetValue()
+		}
+	}
+	return out
+}
+
+// TestConntrackThroughPoller runs the generated maps through the real
+// poller, one exporter per node and one for the whole cluster, in both
+// Cilium layouts with the layout auto-detected.
+func TestConntrackThroughPoller(t *testing.T) {
+	s := Default()
+	idx := scenarioIndex(s)
+	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	const step = 10 * time.Second
+
+	// Bytes a worker's entry grows by in one step: payload plus headers;
+	// combined also holds the coordinator's ACKs.
+	sentPerStep := func(rate float64, at time.Duration) float64 {
+		sent := func(d time.Duration) float64 {
+			payload := uint64(rate * d.Seconds())
+			segs := (payload + ctMSS - 1) / ctMSS
+			return float64(payload + (segs+1)*ctHeaders)
+		}
+		return sent(at) - sent(at-step)
+	}
+	acksPerStep := func(rate float64, at time.Duration) float64 {
+		acks := func(d time.Duration) float64 {
+			segs := (uint64(rate*d.Seconds()) + ctMSS - 1) / ctMSS
+			return float64(((segs+1)/2 + 1) * ctHeaders)
+		}
+		return acks(at) - acks(at-step)
+	}
+
+	for _, layout := range []conntrack.Layout{conntrack.LayoutCombined, conntrack.LayoutSplit} {
+		t.Run(layout.String(), func(t *testing.T) {
+			now := start
+			mk := func(node string) *conntrack.Poller {
+				src := s.ConntrackSource(node, layout, start).(*ctSource)
+				src.now = func() time.Time { return now }
+				p, err := conntrack.New(src, idx, conntrack.Config{Node: node})
+				if err != nil {
+					t.Fatal(err)
+				}
+				return p
+			}
+			var perNode []*conntrack.Poller
+			for _, n := range s.Nodes {
+				perNode = append(perNode, mk(n.Name))
+			}
+			all := mk("")
+			polls := 4
+			for i := 1; i <= polls; i++ {
+				now = start.Add(time.Duration(i) * step)
+				for _, p := range append(perNode, all) {
+					p.Poll(now)
+				}
+			}
+			for i, p := range perNode {
+				if !p.Up() {
+					t.Errorf("node %s: source down", s.Nodes[i].Name)
+				}
+			}
+			if !all.Up() {
+				t.Fatal("cluster exporter: source down")
+			}
+			// Polls 2..4 counted (poll 1 is the baseline).
+			at := func(i int) time.Duration { return time.Duration(i) * step }
+			want := func(rate float64, workers int, withAcks bool) float64 {
+				var sum float64
+				for i := 2; i <= polls; i++ {
+					sum += sentPerStep(rate, at(i))
+					if withAcks {
+						sum += acksPerStep(rate, at(i))
+					}
+				}
+				return sum * float64(workers)
+			}
+			combined := layout == conntrack.LayoutCombined
+			exp := map[string]float64{
+				// Launcher in b, workers in c: the costly split.
+				"research/mpi-costly us-east-1c>us-east-1b cross_zone": want(400e6, 2, combined),
+				// Rank 0 in c, workers in a.
+				"research/bert-slow us-east-1a>us-east-1c cross_zone": want(20e6, 2, combined),
+				// Everything in a.
+				"ml-team/resnet-healthy us-east-1a>us-east-1a zone": want(50e6, 2, combined),
+			}
+			if !combined {
+				// Before 1.16 the coordinators' ACKs are counted on their side.
+				exp["research/mpi-costly us-east-1b>us-east-1c cross_zone"] = 2 * (acksSum(acksPerStep, 400e6, polls, at))
+				exp["research/bert-slow us-east-1c>us-east-1a cross_zone"] = 2 * (acksSum(acksPerStep, 20e6, polls, at))
+				exp["ml-team/resnet-healthy us-east-1a>us-east-1a zone"] += 2 * (acksSum(acksPerStep, 50e6, polls, at))
+			}
+			for name, got := range map[string]map[string]float64{"per-node": jobBytes(t, perNode...), "cluster": jobBytes(t, all)} {
+				if len(got) != len(exp) {
+					t.Errorf("%s: series %v, want %v", name, got, exp)
+				}
+				for k, w := range exp {
+					if got[k] != w {
+						t.Errorf("%s: %s = %v, want %v", name, k, got[k], w)
+					}
+				}
+				for k := range got {
+					if strings.Contains(k, "llm-blocked") {
+						t.Errorf("%s: the blocked job moved bytes: %s", name, k)
+					}
+				}
+			}
+		})
+	}
+}
+
+func acksSum(acks func(float64, time.Duration) float64, rate float64, polls int, at func(int) time.Duration) float64 {
+	var sum float64
+	for i := 2; i <= polls; i++ {
+		sum += acks(rate, at(i))
+	}
+	return sum
+}
+
+func TestConntrackEntriesGrow(t *testing.T) {
+	s := Default()
+	a := s.ConntrackEntries("", 10*time.Second)
+	b := s.ConntrackEntries("", 20*time.Second)
+	if len(a) != len(b) || len(a) == 0 {
+		t.Fatalf("entry counts %d, %d", len(a), len(b))
+	}
+	for i := range a {
+		if b[i].SentBytes <= a[i].SentBytes && !a[i].Service {
+			t.Errorf("entry %d did not grow: %d -> %d", i, a[i].SentBytes, b[i].SentBytes)
+		}
+	}
+	// A node holds only its own entries.
+	for _, e := range s.ConntrackEntries("gpu-b2", time.Second) {
+		if e.Node != "gpu-b2" {
+			t.Errorf("gpu-b2 got an entry of %s", e.Node)
+		}
+	}
+}
