@@ -1,0 +1,125 @@
+package gpu
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Source names for --gpu.source.
+const (
+	SourceAuto         = "auto"
+	SourceDCGM         = "dcgm"
+	SourceNVML         = "nvml"
+	SourceDCGMExporter = "dcgm-exporter"
+	SourceNone         = "none"
+)
+
+// Sources lists the --gpu.source values.
+var Sources = []string{SourceAuto, SourceDCGM, SourceNVML, SourceDCGMExporter, SourceNone}
+
+// ErrDCGMNotBuilt: this build has no DCGM binding (github.com/NVIDIA/go-dcgm
+// was not available to build it); NVML or a dcgm-exporter page are read
+// instead.
+var ErrDCGMNotBuilt = errors.New("dcgm: not built into this binary; use --gpu.source=nvml or dcgm-exporter")
+
+// Options configure the sources.
+type Options struct {
+	DCGMExporterURL string
+	// Skipped counts input the sources could not place on a GPU.
+	Skipped prometheus.Counter
+	Logger  *slog.Logger
+}
+
+// Open returns the named source. A library source that cannot start yet
+// (driver not loaded) retries on every read, reporting the error, so the
+// feed shows it down instead of the exporter exiting.
+func Open(name string, o Options) (Source, error) {
+	switch name {
+	case SourceDCGM:
+		return nil, ErrDCGMNotBuilt
+	case SourceNVML:
+		if !NVMLBuiltIn {
+			return nil, fmt.Errorf("--gpu.source=nvml: %w", errNVMLNotBuilt)
+		}
+		return &lazy{open: func() (Source, error) { return openNVML(o.Logger) }}, nil
+	case SourceDCGMExporter:
+		return NewDCGMExporter(o.DCGMExporterURL, o.Skipped), nil
+	}
+	return nil, fmt.Errorf("unknown GPU source %q", name)
+}
+
+var errNVMLNotBuilt = errors.New("nvml: not built into this binary (build with -tags nvml and CGO_ENABLED=1)")
+
+// Probe is --gpu.source=auto: it tries DCGM, then NVML, then the
+// dcgm-exporter page, and returns the first that reads. err joins every
+// attempt's error when none does (a node without GPUs).
+func Probe(ctx context.Context, o Options) (Source, string, error) {
+	errs := []error{ErrDCGMNotBuilt}
+	if NVMLBuiltIn {
+		s, err := openNVML(o.Logger)
+		if err == nil {
+			if _, err = s.Read(ctx); err == nil {
+				return s, SourceNVML, nil
+			}
+			closeSource(s)
+		}
+		errs = append(errs, err)
+	}
+	d := NewDCGMExporter(o.DCGMExporterURL, o.Skipped)
+	ss, err := d.Read(ctx)
+	if err == nil && len(ss) > 0 {
+		return d, SourceDCGMExporter, nil
+	}
+	if err == nil {
+		err = fmt.Errorf("dcgm-exporter at %s reports no GPUs", o.DCGMExporterURL)
+	}
+	return nil, "", errors.Join(append(errs, err)...)
+}
+
+func closeSource(s Source) {
+	if c, ok := s.(io.Closer); ok {
+		_ = c.Close()
+	}
+}
+
+// lazy opens a library source on first use and retries until it opens.
+type lazy struct {
+	open func() (Source, error)
+	mu   sync.Mutex
+	src  Source
+}
+
+func (l *lazy) Read(ctx context.Context) ([]Sample, error) {
+	l.mu.Lock()
+	if l.src == nil {
+		s, err := l.open()
+		if err != nil {
+			l.mu.Unlock()
+			return nil, err
+		}
+		l.src = s
+	}
+	s := l.src
+	l.mu.Unlock()
+	return s.Read(ctx)
+}
+
+// Close closes the source if it was opened.
+func (l *lazy) Close() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.src == nil {
+		return nil
+	}
+	c, ok := l.src.(io.Closer)
+	if !ok {
+		return nil
+	}
+	return c.Close()
+}
