@@ -66,31 +66,50 @@ func flagOf(c *kingpin.CmdClause, name, help string) *kingpin.FlagClause {
 }
 
 func main() {
-	os.Exit(run(os.Args[1:]))
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	code := run(ctx, os.Args[1:])
+	stop()
+	os.Exit(code)
 }
 
-func run(args []string) int {
+// options are the serve command's own flags; parts declare theirs.
+type options struct {
+	listen                          *[]string
+	webConfig, metricsURL, logLevel *string
+	logFormat, nodeName, kubeconfig *string
+	jobRules                        *[]string
+	resync                          *time.Duration
+	simulate                        *bool
+}
+
+// newApp declares the command line.
+func newApp() (*kingpin.Application, *kingpin.CmdClause, *options) {
 	app := kingpin.New("zonewatch-exporter", "Finds GPU training jobs split across availability zones and exports what it costs.")
 	app.Version(version.Print("zonewatch-exporter"))
 	app.HelpFlag.Short('h')
-
 	serve := app.Command("serve", "Run the exporter (default).").Default()
-	var (
-		listen     = flagOf(serve, "web.listen-address", "Addresses to listen on for /metrics, /healthz and /readyz. Repeatable.").Default(":" + defaultPort).Strings()
-		webConfig  = flagOf(serve, "web.config.file", "Path to an exporter-toolkit web config file (TLS, basic auth).").Default("").String()
-		metricsURL = flagOf(serve, "web.telemetry-path", "Path under which to expose metrics.").Default("/metrics").String()
-		logLevel   = flagOf(serve, "log.level", "Log level: debug, info, warn, error.").Default("info").Enum("debug", "info", "warn", "error")
-		logFormat  = flagOf(serve, "log.format", "Log format: logfmt or json.").Default("logfmt").Enum("logfmt", "json")
-		nodeName   = flagOf(serve, "node-name", "This exporter's node: only job pods on it are exported (DaemonSet). Defaults to $NODE_NAME; empty exports every node's jobs (one replica, e.g. with Hubble Relay).").Default(os.Getenv("NODE_NAME")).String()
-		kubeconfig = flagOf(serve, "kubeconfig", "Path to a kubeconfig; empty uses the in-cluster config.").Default(os.Getenv("KUBECONFIG")).String()
-		jobRules   = flagOf(serve, "kube.job-rule", `Job identity rule "name=LABEL,kind=KIND[,role=LABEL|LABEL][,rank0=LABEL|LABEL]"; repeatable; replaces the built-in rules.`).Strings()
-		resync     = flagOf(serve, "kube.resync", "Informer resync period (0 disables).").Default("0s").Duration()
-		simulate   = flagOf(serve, "simulate", "Run on the built-in simulated cluster (every source fed by fakes speaking the real protocols).").Bool()
-	)
+	o := &options{
+		listen:     flagOf(serve, "web.listen-address", "Addresses to listen on for /metrics, /healthz and /readyz. Repeatable.").Default(":" + defaultPort).Strings(),
+		webConfig:  flagOf(serve, "web.config.file", "Path to an exporter-toolkit web config file (TLS, basic auth).").Default("").String(),
+		metricsURL: flagOf(serve, "web.telemetry-path", "Path under which to expose metrics.").Default("/metrics").String(),
+		logLevel:   flagOf(serve, "log.level", "Log level: debug, info, warn, error.").Default("info").Enum("debug", "info", "warn", "error"),
+		logFormat:  flagOf(serve, "log.format", "Log format: logfmt or json.").Default("logfmt").Enum("logfmt", "json"),
+		nodeName:   flagOf(serve, "node-name", "This exporter's node: only job pods on it are exported (DaemonSet). Defaults to $NODE_NAME; empty exports every node's jobs (one replica, e.g. with Hubble Relay).").Default(os.Getenv("NODE_NAME")).String(),
+		kubeconfig: flagOf(serve, "kubeconfig", "Path to a kubeconfig; empty uses the in-cluster config.").Default(os.Getenv("KUBECONFIG")).String(),
+		jobRules:   flagOf(serve, "kube.job-rule", `Job identity rule "name=LABEL,kind=KIND[,role=LABEL|LABEL][,rank0=LABEL|LABEL]"; repeatable; replaces the built-in rules.`).Strings(),
+		resync:     flagOf(serve, "kube.resync", "Informer resync period (0 disables).").Default("0s").Duration(),
+		simulate:   flagOf(serve, "simulate", "Run on the built-in simulated cluster (every source fed by fakes speaking the real protocols).").Bool(),
+	}
 	for _, p := range parts {
 		p.flags(serve)
 	}
+	return app, serve, o
+}
 
+// run is the whole program; it returns the exit code when ctx is done or
+// the server fails.
+func run(ctx context.Context, args []string) int {
+	app, serve, o := newApp()
 	cmd, err := app.Parse(args)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "zonewatch-exporter: %v (try --help)\n", err)
@@ -99,6 +118,8 @@ func run(args []string) int {
 	if cmd != serve.FullCommand() {
 		return 2
 	}
+	listen, webConfig, metricsURL, logLevel, logFormat := o.listen, o.webConfig, o.metricsURL, o.logLevel, o.logFormat
+	nodeName, kubeconfig, jobRules, resync, simulate := o.nodeName, o.kubeconfig, o.jobRules, o.resync, o.simulate
 
 	level := promslog.NewLevel()
 	_ = level.Set(*logLevel)
@@ -118,9 +139,6 @@ func run(args []string) int {
 			rules = append(rules, r)
 		}
 	}
-
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-	defer stop()
 
 	rt := &runtime{logger: logger, index: kube.NewIndex(), nodeName: *nodeName}
 	rt.exporter = collector.New(logger)

@@ -5,7 +5,6 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
 
@@ -228,23 +227,6 @@ func bigIndex(nodes, jobs, podsPerJob int) *Index {
 		}
 	}
 	return x
-}
-
-// TestIndexHeap reports the heap the index holds for 20k job pods on 5k
-// nodes (printed with -v; not asserted: performance is measured).
-func TestIndexHeap(t *testing.T) {
-	if testing.Short() {
-		t.Skip("heap measurement")
-	}
-	var before, after runtime.MemStats
-	runtime.GC()
-	runtime.ReadMemStats(&before)
-	x := bigIndex(5000, 2000, 10)
-	runtime.GC()
-	runtime.ReadMemStats(&after)
-	n, p, j := x.Counts()
-	t.Logf("index heap for %d nodes, %d job pods, %d jobs: %.1f MiB", n, p, j, float64(after.HeapAlloc-before.HeapAlloc)/(1<<20))
-	runtime.KeepAlive(x)
 }
 
 func BenchmarkLookupIP(b *testing.B) {

@@ -1,0 +1,148 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"regexp"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+)
+
+func readme(t *testing.T) string {
+	b, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// TestFlagsDocumented fails when a flag is missing from the README's flag
+// tables.
+func TestFlagsDocumented(t *testing.T) {
+	doc := readme(t)
+	_, serve, _ := newApp()
+	for _, f := range serve.Model().Flags {
+		if !strings.Contains(doc, "`--"+f.Name+"`") {
+			t.Errorf("flag --%s is not in the README", f.Name)
+		}
+	}
+}
+
+func freeAddr(t *testing.T) string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// scrapeUntil scrapes url until every name in want has a series.
+func scrapeUntil(t *testing.T, url string, want []string) map[string]*dto.MetricFamily {
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		fams, err := scrape(url)
+		missing := []string{}
+		for _, w := range want {
+			if fams[w] == nil {
+				missing = append(missing, w)
+			}
+		}
+		if err == nil && len(missing) == 0 {
+			return fams
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after 60s: scrape error %v; missing %v", err, missing)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+func scrape(url string) (map[string]*dto.MetricFamily, error) {
+	resp, err := http.Get(url)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 {
+		b, _ := io.ReadAll(resp.Body)
+		return nil, fmt.Errorf("%s: %s", resp.Status, b)
+	}
+	fams := map[string]*dto.MetricFamily{}
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	got, err := p.TextToMetricFamilies(resp.Body)
+	for k, v := range got {
+		fams[k] = v
+	}
+	return fams, err
+}
+
+var tableMetric = regexp.MustCompile("(?m)^\\| `(zonewatch_[a-z_]+)`")
+
+// TestSimulatedExporter runs the whole exporter on the simulated cluster
+// (what `make run` does) and checks that every exported metric is in the
+// README's metric table and every metric there is exported.
+func TestSimulatedExporter(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs the simulated exporter")
+	}
+	addr := freeAddr(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan int, 1)
+	go func() { done <- run(ctx, []string{"--simulate", "--web.listen-address=" + addr, "--log.level=warn"}) }()
+	defer func() {
+		cancel()
+		select {
+		case code := <-done:
+			if code != 0 {
+				t.Errorf("exit code %d after SIGTERM-like shutdown", code)
+			}
+		case <-time.After(15 * time.Second):
+			t.Error("exporter did not shut down within 15s")
+		}
+	}()
+
+	documented := map[string]bool{}
+	for _, m := range tableMetric.FindAllStringSubmatch(readme(t), -1) {
+		documented[m[1]] = true
+	}
+	var want []string
+	for name := range documented {
+		want = append(want, name)
+	}
+	sort.Strings(want)
+	fams := scrapeUntil(t, "http://"+addr+"/metrics", []string{
+		"zonewatch_job_split_zone", "zonewatch_job_policy_drops_total", "zonewatch_job_network_bytes_total", "zonewatch_gpu_utilization_ratio",
+	})
+	for name := range fams {
+		if strings.HasPrefix(name, "zonewatch_") && !documented[name] {
+			t.Errorf("%s is exported but not in the README metric table", name)
+		}
+	}
+	for _, name := range want {
+		if fams[name] == nil {
+			t.Errorf("%s is in the README metric table but the simulated exporter does not export it", name)
+		}
+	}
+
+	for _, path := range []string{"/healthz", "/readyz"} {
+		resp, err := http.Get("http://" + addr + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Errorf("%s: %s", path, resp.Status)
+		}
+	}
+}
