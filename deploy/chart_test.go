@@ -4,6 +4,7 @@ package deploy
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -13,6 +14,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -249,7 +251,7 @@ var variants = []variant{
 		wantUser(t, spec, 65534)
 		wantArgs(t, &spec.Containers[0], "--no-hubble.enabled", "--gpu.source=none", "--no-conntrack.enabled")
 	}},
-	{"hubble relay", "hubble: {relay: {enabled: true, address: 'hubble-relay.kube-system.svc:443', tls: {enabled: true, existingSecret: hubble-relay-client-certs, serverName: '*.hubble-relay.cilium.io'}}}",
+	{"hubble relay", "hubble: {relay: {enabled: true, address: 'hubble-relay.kube-system.svc:443', tls: {enabled: true, existingSecret: hubble-relay-ca, clientCert: true, serverName: '*.hubble-relay.cilium.io'}}}",
 		func(t *testing.T, objs []*unstructured.Unstructured, kind string, spec *corev1.PodSpec) {
 			c := &spec.Containers[0]
 			wantKind(t, kind, "Deployment")
@@ -258,7 +260,7 @@ var variants = []variant{
 				t.Errorf("Relay Deployment: replicas %v strategy %q, want 1 and Recreate (never two at once)", d.Spec.Replicas, d.Spec.Strategy.Type)
 			}
 			wantArgs(t, c, "--node-name=", "--hubble.address=hubble-relay.kube-system.svc:443", "--hubble.tls",
-				"--hubble.tls.ca-file=/etc/zonewatch/hubble-tls/ca.crt", "--hubble.tls.server-name=*.hubble-relay.cilium.io",
+				"--hubble.tls.ca-file=/etc/zonewatch/hubble-tls/ca.crt", "--hubble.tls.cert-file=/etc/zonewatch/hubble-tls/tls.crt", "--hubble.tls.server-name=*.hubble-relay.cilium.io",
 				"--gpu.source=none", "--no-conntrack.enabled")
 			for _, e := range c.Env {
 				if e.Name == "NODE_NAME" {
@@ -268,6 +270,9 @@ var variants = []variant{
 			wantHostPaths(t, spec)
 			wantCaps(t, c)
 			wantUser(t, spec, 65534)
+			if len(spec.Tolerations) != 0 {
+				t.Errorf("Relay-mode tolerations %+v, want none: the pod must leave a node that is gone", spec.Tolerations)
+			}
 		}},
 	{"service monitor", "podMonitor: {enabled: false}\nserviceMonitor: {enabled: true, labels: {release: kps}}", func(t *testing.T, objs []*unstructured.Unstructured, _ string, _ *corev1.PodSpec) {
 		wantKinds(t, objs, map[string]int{"PodMonitor": 0, "ServiceMonitor": 1, "Service": 1})
@@ -755,5 +760,38 @@ func TestNotes(t *testing.T) {
 				t.Errorf("NOTES.txt (--set %q) lacks %q:\n%s", tc.set, w, cm.Data["notes"])
 			}
 		}
+	}
+}
+
+// TestExporterAcceptsChartArgs runs the real exporter with the container
+// args of every variant: each flag name and value must parse (the run then
+// stops at the missing kubeconfig, after parsing and before serving).
+func TestExporterAcceptsChartArgs(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the exporter")
+	}
+	helm(t)
+	gobin, err := exec.LookPath("go")
+	if err != nil {
+		t.Skip("no go command to build the exporter")
+	}
+	exporter := filepath.Join(t.TempDir(), "zonewatch-exporter")
+	if out, err := exec.Command(gobin, "build", "-o", exporter, "../cmd/exporter").CombinedOutput(); err != nil {
+		t.Fatalf("building the exporter: %v\n%s", err, out)
+	}
+	for _, v := range variants {
+		t.Run(v.name, func(t *testing.T) {
+			t.Parallel()
+			_, spec := workload(t, render(t, v.values))
+			args := append(slices.Clone(spec.Containers[0].Args), "--kubeconfig=/nonexistent/zonewatch-kubeconfig")
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			cmd := exec.CommandContext(ctx, exporter, args...)
+			cmd.Env = []string{"HOME=" + t.TempDir()} // no NODE_NAME, KUBECONFIG or ZONEWATCH_* from the test's environment
+			out, _ := cmd.CombinedOutput()
+			if strings.Contains(string(out), "try --help") || !strings.Contains(string(out), "/nonexistent/zonewatch-kubeconfig") {
+				t.Errorf("the exporter rejects the chart's args:\n%s\nargs:\n%s", out, strings.Join(args, "\n"))
+			}
+		})
 	}
 }

@@ -62,8 +62,10 @@ spec:
         - --hubble.tls
         {{- if .existingSecret }}
         - --hubble.tls.ca-file=/etc/zonewatch/hubble-tls/ca.crt
+        {{- if .clientCert }}
         - --hubble.tls.cert-file=/etc/zonewatch/hubble-tls/tls.crt
         - --hubble.tls.key-file=/etc/zonewatch/hubble-tls/tls.key
+        {{- end }}
         {{- end }}
         {{- with .serverName }}
         - --hubble.tls.server-name={{ . }}
@@ -238,7 +240,7 @@ spec:
   affinity:
     {{- toYaml . | nindent 4 }}
   {{- end }}
-  {{- with .Values.tolerations }}
+  {{- with ternary .Values.hubble.relay.tolerations .Values.tolerations (eq $relay "true") }}
   tolerations:
     {{- toYaml . | nindent 4 }}
   {{- end }}
