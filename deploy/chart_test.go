@@ -367,13 +367,21 @@ func TestChart(t *testing.T) {
 	}
 }
 
-// TestChartRefusesTwoMonitors: a PodMonitor and a ServiceMonitor together
-// would scrape every series twice.
-func TestChartRefusesTwoMonitors(t *testing.T) {
+// TestChartRefusesBadValues: values that would break the install fail at
+// `helm template`, saying why. Two monitors would scrape every series twice.
+func TestChartRefusesBadValues(t *testing.T) {
 	helm(t)
-	_, err := runHelm(t, "serviceMonitor: {enabled: true}", "template", release, chartDir)
-	if err == nil || !strings.Contains(err.Error(), "scraped twice") {
-		t.Fatalf("helm template with both monitors: %v, want a failure saying why", err)
+	for _, tc := range []struct{ values, want string }{
+		{"serviceMonitor: {enabled: true}", "scraped twice"},
+		{"gpu: {source: dcgm_exporter}", "/gpu/source"},
+		{"conntrack: {layout: newest}", "/conntrack/layout"},
+		{"hubble: {socketGroup: cilium}", "/hubble/socketGroup"},
+		{"scrape: {job: ''}", "/scrape/job"},
+	} {
+		_, err := runHelm(t, tc.values, "template", release, chartDir)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("helm template with %s: %v, want a failure naming %q", tc.values, err, tc.want)
+		}
 	}
 }
 
