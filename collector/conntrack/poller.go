@@ -130,14 +130,16 @@ type Poller struct {
 	up    atomic.Bool
 
 	mu      sync.Mutex // one poll at a time; guards what follows
-	tables  map[string]tableState
+	tables  map[string]*tableState
 	epoch   uint32
 	pending []pending
 	layout  Layout // decided (or forced) layout; LayoutAuto while unknown
 	window  [3]uint64
 	ambig   bool
-	reason  string // why down, "" when up or before the first poll
-	polled  bool
+	// contradicted: a forced layout was seen contradicted (logged once).
+	contradicted bool
+	reason       string // why down, "" when up or before the first poll
+	polled       bool
 
 	m selfMetrics
 }
@@ -196,7 +198,7 @@ func New(src Source, idx Index, cfg Config) (*Poller, error) {
 	p := &Poller{
 		src: src, idx: idx, cfg: cfg, log: cfg.Logger.With("source", "conntrack"),
 		bytes:  jobcounter.New[bytesKey](bytesDesc, idx, cfg.Grace),
-		tables: map[string]tableState{},
+		tables: map[string]*tableState{},
 		layout: cfg.Layout,
 		m:      newSelfMetrics(),
 	}
@@ -328,11 +330,11 @@ var errRead = errors.New("conntrack map read failed")
 func (p *Poller) read(name string, t Table, now time.Time, st *pollStats) error {
 	ts := p.tables[name]
 	if ts == nil {
-		ts = newTableState(t.KeySize())
+		ts = newTableState()
 		p.tables[name] = ts
 	}
 	var limit uint64 = maxBytesPerSecond
-	if last := ts.lastRead(); !last.IsZero() {
+	if last := ts.last; !last.IsZero() {
 		if s := now.Sub(last).Seconds(); s > 1 {
 			limit = uint64(s * maxBytesPerSecond)
 		}
@@ -374,11 +376,9 @@ func (p *Poller) read(name string, t Table, now time.Time, st *pollStats) error 
 }
 
 // decideLayout adds a poll's evidence to the window and decides once
-// minVotes entries mostly (90%) agree. A forced layout never changes.
+// minVotes entries mostly (90%) agree. A forced layout never changes, but
+// entries that clearly contradict it are logged once.
 func (p *Poller) decideLayout(votes [3]uint64) {
-	if p.cfg.Layout != LayoutAuto {
-		return
-	}
 	p.window[EvidenceSplit] += votes[EvidenceSplit]
 	p.window[EvidenceCombined] += votes[EvidenceCombined]
 	total := p.window[EvidenceSplit] + p.window[EvidenceCombined]
@@ -389,16 +389,25 @@ func (p *Poller) decideLayout(votes [3]uint64) {
 		ev Evidence
 		l  Layout
 	}{{EvidenceSplit, LayoutSplit}, {EvidenceCombined, LayoutCombined}} {
-		if l := c.l; p.window[c.ev]*10 >= total*9 {
-			if p.layout != l {
-				p.log.Info("conntrack layout decided from the entries", "layout", l.String(),
-					"split_votes", p.window[EvidenceSplit], "combined_votes", p.window[EvidenceCombined])
-				p.m.layout.Reset()
-				p.m.layout.WithLabelValues(l.String()).Set(1)
-			}
-			p.layout, p.window, p.ambig = l, [3]uint64{}, false
-			return
+		if p.window[c.ev]*10 < total*9 {
+			continue
 		}
+		switch {
+		case p.cfg.Layout != LayoutAuto:
+			if c.l != p.cfg.Layout && !p.contradicted {
+				p.contradicted = true
+				p.log.Warn("--conntrack.layout contradicts the conntrack entries; bytes may be misattributed",
+					"layout", p.cfg.Layout.String(), "entries_look", c.l.String())
+			}
+		case p.layout != c.l:
+			p.log.Info("conntrack layout decided from the entries", "layout", c.l.String(),
+				"split_votes", p.window[EvidenceSplit], "combined_votes", p.window[EvidenceCombined])
+			p.m.layout.Reset()
+			p.m.layout.WithLabelValues(c.l.String()).Set(1)
+			p.layout = c.l
+		}
+		p.window, p.ambig = [3]uint64{}, false
+		return
 	}
 	if total >= 256 {
 		p.ambig = p.layout == LayoutAuto

@@ -630,3 +630,19 @@ func TestHeldUntilLayoutKnown(t *testing.T) {
 		t.Fatalf("after %d polls: %v bytes, want %v", i, got, want)
 	}
 }
+
+func TestForcedLayoutContradictedIsLogged(t *testing.T) {
+	var logs logBuf
+	src := srcFor("n1", conntrack.LayoutCombined, twoNodeConns(true))
+	p, err := conntrack.New(src, newIndex(), conntrack.Config{Node: "n1", Layout: conntrack.LayoutSplit,
+		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 5; i++ {
+		p.Poll(t0.Add(time.Duration(i) * time.Second))
+	}
+	if n := strings.Count(logs.String(), "contradicts"); n != 1 {
+		t.Fatalf("contradiction logged %d times, want once:\n%s", n, logs.String())
+	}
+}

@@ -1,6 +1,9 @@
 package conntrack
 
-import "time"
+import (
+	"hash/maphash"
+	"time"
+)
 
 // obs says what observe found for an entry.
 type obs uint8
@@ -17,28 +20,30 @@ type slot struct {
 	epoch uint32
 }
 
-// baseline is the last counter of every entry of one map, keyed by the
-// raw key, to turn counters into deltas. 14-byte keys keep a 512k-entry v4
-// map near 20 MB.
-type baseline[K comparable] struct {
-	m    map[K]slot
-	conv func([]byte) K
+// tableState is the last byte counter of every entry of one map, to turn
+// counters into deltas. Entries are keyed by a 64-bit hash of the raw key
+// (v4 and v6 alike): 24 bytes a slot keep a full 512k-entry map near 15 MB
+// and cache-friendly; two keys present together collide with probability
+// about n²/2^65 (1e-8 at 512k), and a collision costs one wrong delta.
+type tableState struct {
+	m    map[uint64]slot
+	seed maphash.Seed
 	// seeded is set by the first complete read; before it, entries are
 	// baselines (their bytes may be hours old).
 	seeded bool
 	last   time.Time // time of the last complete read
 }
 
-func newBaseline[K comparable](conv func([]byte) K) *baseline[K] {
-	return &baseline[K]{m: map[K]slot{}, conv: conv}
+func newTableState() *tableState {
+	return &tableState{m: map[uint64]slot{}, seed: maphash.MakeSeed()}
 }
 
 // observe records an entry's counter and returns what it grew by. With
 // hold (layout not known yet) the growth is kept for later instead: known
 // entries keep their baseline (reset to 0 if the counter went down) and new
 // ones are not recorded, so they count in full once counting starts.
-func (b *baseline[K]) observe(key []byte, bytes uint64, epoch uint32, hold bool) (uint64, obs) {
-	k := b.conv(key)
+func (b *tableState) observe(key []byte, bytes uint64, epoch uint32, hold bool) (uint64, obs) {
+	k := maphash.Bytes(b.seed, key)
 	old, ok := b.m[k]
 	if hold && b.seeded {
 		if !ok {
@@ -64,7 +69,7 @@ func (b *baseline[K]) observe(key []byte, bytes uint64, epoch uint32, hold bool)
 }
 
 // complete ends a full read: entries not seen in it are gone.
-func (b *baseline[K]) complete(epoch uint32, now time.Time) (deleted int) {
+func (b *tableState) complete(epoch uint32, now time.Time) (deleted int) {
 	for k, s := range b.m {
 		if s.epoch != epoch {
 			delete(b.m, k)
@@ -74,22 +79,4 @@ func (b *baseline[K]) complete(epoch uint32, now time.Time) (deleted int) {
 	b.seeded = true
 	b.last = now
 	return deleted
-}
-
-func (b *baseline[K]) lastRead() time.Time { return b.last }
-func (b *baseline[K]) len() int            { return len(b.m) }
-
-// tableState is a baseline of either key size.
-type tableState interface {
-	observe(key []byte, bytes uint64, epoch uint32, hold bool) (uint64, obs)
-	complete(epoch uint32, now time.Time) int
-	lastRead() time.Time
-	len() int
-}
-
-func newTableState(keySize int) tableState {
-	if keySize == KeySize4 {
-		return newBaseline(func(b []byte) [KeySize4]byte { return [KeySize4]byte(b) })
-	}
-	return newBaseline(func(b []byte) [KeySize6]byte { return [KeySize6]byte(b) })
 }
