@@ -60,6 +60,9 @@ func TestPlacementAgainstKubeAPIServer(t *testing.T) {
 			t.Fatalf("pod %s status: %v", p.Name, err)
 		}
 	}
+	// No kubelet confirms a graceful deletion: delete at once.
+	zero := int64(0)
+	now := metav1.DeleteOptions{GracePeriodSeconds: &zero}
 	blocked := s.Jobs[1] // ml-team/llm-blocked: master gpu-b1, workers gpu-a2
 	for _, p := range blocked.Pods {
 		createPod(p)
@@ -123,7 +126,7 @@ func TestPlacementAgainstKubeAPIServer(t *testing.T) {
 	})
 
 	// The fix: the master is recreated in zone a (as podAffinity would place it).
-	if err := client.CoreV1().Pods("ml-team").Delete(ctx, "llm-blocked-master-0", metav1.DeleteOptions{}); err != nil {
+	if err := client.CoreV1().Pods("ml-team").Delete(ctx, "llm-blocked-master-0", now); err != nil {
 		t.Fatal(err)
 	}
 	master := blocked.Pods[0]
@@ -155,7 +158,7 @@ func TestPlacementAgainstKubeAPIServer(t *testing.T) {
 		`zonewatch_source_up{source="kubernetes"} 1`,
 	})
 	for _, p := range blocked.Pods {
-		if err := client.CoreV1().Pods("ml-team").Delete(ctx, p.Name, metav1.DeleteOptions{}); err != nil {
+		if err := client.CoreV1().Pods("ml-team").Delete(ctx, p.Name, now); err != nil {
 			t.Fatal(err)
 		}
 	}
