@@ -1,0 +1,220 @@
+package analyze
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/yaml"
+
+	"github.com/zonewatch/zonewatch/collector/kube"
+)
+
+// kubeFile is a kubectl dump as a JSON stream: the file itself, or its
+// YAML documents converted one by one (kubectl get -o yaml).
+type kubeFile struct {
+	path string
+	json []byte
+	// docLine is the first line of each YAML document; nil for JSON.
+	docLine []int
+}
+
+func readKubeFile(what, path string) (*kubeFile, error) {
+	if path == "" {
+		return nil, fmt.Errorf("no %s file given", what)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("reading %s: %w", what, err)
+	}
+	f := &kubeFile{path: path, json: b}
+	if t := bytes.TrimSpace(b); len(t) > 0 && (t[0] == '{' || t[0] == '[') {
+		return f, nil
+	}
+	f.json = nil
+	f.docLine = []int{}
+	for _, d := range yamlDocuments(b) {
+		j, err := yaml.YAMLToJSON(d.text)
+		if err != nil {
+			return nil, fmt.Errorf("%s:%s", path, yamlLine(err, d.line))
+		}
+		if t := bytes.TrimSpace(j); len(t) == 0 || string(t) == "null" {
+			continue // only comments
+		}
+		f.json = append(append(f.json, j...), '\n')
+		f.docLine = append(f.docLine, d.line)
+	}
+	return f, nil
+}
+
+type yamlDoc struct {
+	text []byte
+	line int // of its first line
+}
+
+// yamlDocuments splits a YAML stream at "---" lines (as kubectl and
+// apimachinery do), keeping each document's first line for errors.
+func yamlDocuments(b []byte) []yamlDoc {
+	var docs []yamlDoc
+	cur := yamlDoc{line: 1}
+	for n, line := range bytes.SplitAfter(b, []byte("\n")) {
+		if bytes.HasPrefix(line, []byte("---")) {
+			docs = append(docs, cur)
+			cur = yamlDoc{line: n + 2}
+			continue
+		}
+		cur.text = append(cur.text, line...)
+	}
+	return append(docs, cur)
+}
+
+var yamlLineRE = regexp.MustCompile(`line (\d+):`)
+
+// yamlLine renders a YAML error as "LINE: message", the line counted
+// from the start of the file rather than of the document.
+func yamlLine(err error, first int) string {
+	msg := strings.TrimPrefix(err.Error(), "error converting YAML to JSON: ")
+	if m := yamlLineRE.FindStringSubmatchIndex(msg); m != nil {
+		n, _ := strconv.Atoi(msg[m[2]:m[3]])
+		return fmt.Sprintf("%d: %s", first+n-1, strings.Join(strings.Fields(msg[:m[0]]+msg[m[1]:]), " "))
+	}
+	return fmt.Sprintf("%d: %s", first, msg)
+}
+
+var documentRE = regexp.MustCompile(`^document (\d+)`)
+
+// wrap names the file and, where it can, the line of a loader error: the
+// line of a JSON syntax error, the first line of a YAML document.
+func (f *kubeFile) wrap(err error) error {
+	var syn *json.SyntaxError
+	if f.docLine == nil && errors.As(err, &syn) && syn.Offset > 0 && int(syn.Offset) <= len(f.json) {
+		line := 1 + bytes.Count(f.json[:syn.Offset-1], []byte("\n"))
+		return fmt.Errorf("%s:%d: %w", f.path, line, err)
+	}
+	if m := documentRE.FindStringSubmatch(err.Error()); m != nil && f.docLine != nil {
+		if n, _ := strconv.Atoi(m[1]); n >= 1 && n <= len(f.docLine) {
+			return fmt.Errorf("%s:%d: %w", f.path, f.docLine[n-1], err)
+		}
+	}
+	return fmt.Errorf("%s: %w", f.path, err)
+}
+
+// nodeInfo is what the suggested fix needs of a node and the index does
+// not keep.
+type nodeInfo struct {
+	zone   string
+	gpu    bool
+	taints []corev1.Taint // NoSchedule and NoExecute only
+}
+
+func loadNodes(index *kube.Index, path string) (map[string]nodeInfo, error) {
+	f, err := readKubeFile("nodes", path)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := kube.LoadNodes(index, bytes.NewReader(f.json)); err != nil {
+		return nil, f.wrap(err)
+	}
+	nodes := map[string]nodeInfo{}
+	err = kube.DecodeObjects(bytes.NewReader(f.json), "Node", func(raw json.RawMessage) error {
+		var n corev1.Node
+		if err := json.Unmarshal(raw, &n); err != nil {
+			return err
+		}
+		info := nodeInfo{gpu: isGPUNode(&n)}
+		info.zone, _, _ = index.NodeZone(n.Name)
+		for _, t := range n.Spec.Taints {
+			if t.Effect == corev1.TaintEffectNoSchedule || t.Effect == corev1.TaintEffectNoExecute {
+				info.taints = append(info.taints, t)
+			}
+		}
+		nodes[n.Name] = info
+		return nil
+	})
+	if err != nil {
+		return nil, f.wrap(err)
+	}
+	return nodes, nil
+}
+
+// isGPUNode: NVIDIA GPUs in the node's capacity (whole or MIG), or the
+// GPU operator's feature label.
+func isGPUNode(n *corev1.Node) bool {
+	if n.Labels["nvidia.com/gpu.present"] == "true" {
+		return true
+	}
+	for _, list := range []corev1.ResourceList{n.Status.Capacity, n.Status.Allocatable} {
+		for name, q := range list {
+			if (name == "nvidia.com/gpu" || strings.HasPrefix(string(name), "nvidia.com/mig-")) && !q.IsZero() {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// jobPods is what the suggested fix needs of a job's pods (every pod,
+// pending ones too) that the index does not keep.
+type jobPods struct {
+	// selector is the label that names the job (the matching rule's).
+	selector string
+	// replicas maps each raw replica type to whether it coordinates.
+	replicas map[string]bool
+	// coordinatorTolerations holds each coordinator pod's tolerations.
+	coordinatorTolerations [][]corev1.Toleration
+	// rayGroups are the worker group names of a RayCluster.
+	rayGroups []string
+}
+
+func loadPods(index *kube.Index, rules []kube.Rule, path string) (map[jobKey]*jobPods, error) {
+	f, err := readKubeFile("pods", path)
+	if err != nil {
+		return nil, err
+	}
+	if _, _, err := kube.LoadPods(index, rules, bytes.NewReader(f.json)); err != nil {
+		return nil, f.wrap(err)
+	}
+	jobs := map[jobKey]*jobPods{}
+	err = kube.DecodeObjects(bytes.NewReader(f.json), "Pod", func(raw json.RawMessage) error {
+		var pod corev1.Pod
+		if err := json.Unmarshal(raw, &pod); err != nil {
+			return err
+		}
+		p := kube.PodFrom(rules, &pod)
+		if p.Identity.Name == "" {
+			return nil
+		}
+		k := jobKey{p.Namespace, p.Identity.Name}
+		j := jobs[k]
+		if j == nil {
+			j = &jobPods{replicas: map[string]bool{}}
+			for _, r := range rules {
+				if pod.Labels[r.NameLabel] != "" {
+					j.selector = r.NameLabel
+					break
+				}
+			}
+			jobs[k] = j
+		}
+		coord := p.Identity.Role == kube.RoleCoordinator
+		j.replicas[p.Identity.ReplicaType] = j.replicas[p.Identity.ReplicaType] || coord
+		if coord {
+			j.coordinatorTolerations = append(j.coordinatorTolerations, pod.Spec.Tolerations)
+		}
+		if g := pod.Labels["ray.io/group"]; g != "" && !coord && !slices.Contains(j.rayGroups, g) {
+			j.rayGroups = append(j.rayGroups, g)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, f.wrap(err)
+	}
+	return jobs, nil
+}
