@@ -453,3 +453,13 @@ func (t maskTree) apply(m protoreflect.Message) protoreflect.Message {
 }
 
 func wrapU32(n int) *wrapperspb.UInt32Value { return wrapperspb.UInt32(uint32(n)) }
+
+// MaskFlow returns what a server sends for f under a field mask: a copy
+// with only the fields named by paths (sub-messages are shared with f).
+func MaskFlow(f *flowpb.Flow, paths []string) (*flowpb.Flow, error) {
+	t, err := newMaskTree(f.ProtoReflect().Descriptor(), paths)
+	if err != nil {
+		return nil, err
+	}
+	return t.apply(f.ProtoReflect()).Interface().(*flowpb.Flow), nil
+}

@@ -140,7 +140,7 @@ const pairWindow = int64(500e6)
 // counted, and a flow without node_name is taken as observed there. Empty
 // node accepts every node's flows (Relay, files).
 func NewClassifier(topo Topology, node string) *Classifier {
-	return &Classifier{topo: topo, node: node, seed: maphash.MakeSeed()}
+	return &Classifier{topo: topo, node: observingNode(node), seed: maphash.MakeSeed()}
 }
 
 // Classify classifies f without allocating.
@@ -162,8 +162,29 @@ func (c *Classifier) Classify(f *flowpb.Flow) Result {
 	r.Direction = direction(f.GetTrafficDirection())
 	r.Locality = kube.Locality(r.Src, r.Dst)
 
+	event := f.GetEventType().GetType()
 	switch {
-	case srcLocal && !dstLocal:
+	case c.node != "" && r.Node != c.node:
+		// another node's flow (a DaemonSet pointed at Relay)
+	case f.GetVerdict() == flowpb.Verdict_FORWARDED:
+		if countForwarded(f, event, srcLocal, dstLocal) {
+			r.Count, r.Verdict = Forwarded, VerdictForwarded
+		}
+	case f.GetVerdict() == flowpb.Verdict_DROPPED:
+		if (event == eventDrop || event == eventPolicyVerdict) && c.pair(f, event) {
+			break // the other event of this packet counted it
+		}
+		r.Count, r.Verdict = Dropped, VerdictDropped
+		r.Reason = policyReason(f)
+		if r.Reason != "" {
+			r.PolicyNamespace, r.PolicyName = deniedBy(f)
+		}
+	}
+
+	// The local side: the sender of a counted forward; otherwise the side
+	// on this node, by the direction when both are.
+	switch {
+	case r.Count == Forwarded || (srcLocal && !dstLocal):
 		r.Local = SideSource
 	case dstLocal && !srcLocal:
 		r.Local = SideDestination
@@ -172,41 +193,13 @@ func (c *Classifier) Classify(f *flowpb.Flow) Result {
 	case srcLocal && dstLocal:
 		r.Local = SideSource
 	}
-	switch {
-	case r.Local == SideDestination && r.Dst.Job != nil:
-		r.Job = r.Dst.Job
-	case r.Local == SideSource && r.Src.Job != nil:
-		r.Job = r.Src.Job
-	case r.Local == SideDestination:
-		r.Job = r.Src.Job
-	case r.Local == SideSource:
-		r.Job = r.Dst.Job
-	case r.Src.Job != nil:
-		r.Job = r.Src.Job
-	default:
-		r.Job = r.Dst.Job
+	local, peer := r.Src.Job, r.Dst.Job
+	if r.Local == SideDestination {
+		local, peer = peer, local
 	}
-
-	if c.node != "" && r.Node != c.node {
-		return r // another node's flow (a DaemonSet pointed at Relay)
-	}
-	event := f.GetEventType().GetType()
-	switch f.GetVerdict() {
-	case flowpb.Verdict_FORWARDED:
-		if countForwarded(f, event, srcLocal, dstLocal) {
-			r.Count, r.Verdict = Forwarded, VerdictForwarded
-		}
-	case flowpb.Verdict_DROPPED:
-		if event == eventDrop || event == eventPolicyVerdict {
-			if c.pair(f, event) {
-				return r // the other event of this packet counted it
-			}
-		}
-		r.Count, r.Verdict = Dropped, VerdictDropped
-		r.Reason = policyReason(f)
-		if r.Reason != "" {
-			r.PolicyNamespace, r.PolicyName = deniedBy(f)
-		}
+	r.Job = local
+	if r.Job == nil {
+		r.Job = peer
 	}
 	return r
 }

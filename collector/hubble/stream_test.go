@@ -144,7 +144,9 @@ func TestFlowSeenOnBothNodesCountedOnce(t *testing.T) {
 	s := testScenario()
 	x := indexOf(s)
 	var aggs []*Aggregator
-	var servers []interface{ Generate(time.Time, time.Duration) int }
+	var servers []interface {
+		Generate(time.Time, time.Duration) int
+	}
 	for _, n := range s.Nodes {
 		h, sock := startHubble(t, s, n.Name, 0)
 		agg := NewAggregator(x, n.Name, time.Minute, nil)
@@ -226,7 +228,9 @@ func TestRingOverrunCountedAsLost(t *testing.T) {
 	follow(t, sock, agg, true)
 	// Each second of the scenario is far more than 16 flows, published at
 	// once: a follower wakes up behind the ring.
-	lost := func() float64 { return testutil.ToFloat64(agg.Metrics().lost[flowpb.LostEventSource_HUBBLE_RING_BUFFER]) }
+	lost := func() float64 {
+		return testutil.ToFloat64(agg.Metrics().lost[flowpb.LostEventSource_HUBBLE_RING_BUFFER])
+	}
 	for i := 0; lost() == 0; i++ {
 		if i == 2000 {
 			t.Fatal("no ring-buffer lost events")
