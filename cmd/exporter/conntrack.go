@@ -47,6 +47,8 @@ func (p *conntrackPart) start(ctx context.Context, rt *runtime) error {
 	// down and logs once what to fix.
 	poller, err := conntrack.New(src, rt.index, conntrack.Config{
 		Node: rt.nodeName, Layout: layout, Logger: rt.logger, Self: rt.self,
+		// Every cluster has nodes: none means the informers have not synced.
+		Ready: func() bool { n, _, _ := rt.index.Counts(); return n > 0 },
 	})
 	if err != nil {
 		return fmt.Errorf("conntrack self-metrics: %w", err)

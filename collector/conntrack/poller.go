@@ -47,6 +47,9 @@ type Config struct {
 	Logger *slog.Logger
 	// Self receives the poller's own metrics; nil keeps them unregistered.
 	Self prometheus.Registerer
+	// Ready reports whether the index is filled (informers synced); until
+	// it is, growth is held rather than attributed to nobody. Nil: ready.
+	Ready func() bool
 }
 
 // maxBytesPerSecond bounds a plausible delta: 100 GB/s is more than any
@@ -339,9 +342,10 @@ func (p *Poller) read(name string, t Table, now time.Time, st *pollStats) error 
 			limit = uint64(s * maxBytesPerSecond)
 		}
 	}
-	// Until the layout is known, growth is held in the baselines rather
-	// than dropped, and counted once it is.
-	epoch, n, hold := p.epoch, 0, p.layout == LayoutAuto
+	// Until the layout is known and the index filled, growth is held in
+	// the baselines rather than dropped, and counted once they are.
+	epoch, n := p.epoch, 0
+	hold := p.layout == LayoutAuto || (p.cfg.Ready != nil && !p.cfg.Ready())
 	err := t.Each(func(key, val []byte) {
 		n++
 		flags := keyFlags(key)

@@ -646,3 +646,26 @@ func TestForcedLayoutContradictedIsLogged(t *testing.T) {
 		t.Fatalf("contradiction logged %d times, want once:\n%s", n, logs.String())
 	}
 }
+
+func TestHeldUntilIndexReady(t *testing.T) {
+	src := conntrack.NewMemSource()
+	ready := false
+	p, err := conntrack.New(src, newIndex(), conntrack.Config{Node: "n1", Layout: conntrack.LayoutCombined, Ready: func() bool { return ready }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := conn{from: worker0, to: master, fromNode: "n1", toNode: "n2", sport: 40000, dport: 29500, sent: 1000, sentPkts: 1, replyPkts: 1}
+	for i := 0; i < 3; i++ {
+		c.sent += 1000
+		src.Set(conntrack.MapTCP4, table(c.entries("n1", 0)...))
+		p.Poll(t0.Add(time.Duration(i) * 10 * time.Second))
+	}
+	if got := series(t, p); len(got) != 0 {
+		t.Fatalf("counted before the index was ready: %v", got)
+	}
+	ready = true
+	p.Poll(t0.Add(30 * time.Second))
+	if got := series(t, p)[key("z-a", "z-b", "cross_zone")]; got != 2000 {
+		t.Fatalf("bytes = %v, want 2000 (growth since the baseline)", got)
+	}
+}
