@@ -27,7 +27,7 @@ type gpuPart struct {
 }
 
 func (p *gpuPart) flags(cmd *kingpin.CmdClause) {
-	p.source = flagOf(cmd, "gpu.source", "GPU source: auto (DCGM, then NVML, then the dcgm-exporter page; nothing on a node without GPUs), dcgm, nvml, dcgm-exporter, none.").Default(gpu.SourceAuto).Enum(gpu.Sources...)
+	p.source = flagOf(cmd, "gpu.source", "GPU source: auto (DCGM, then NVML, then the dcgm-exporter page; nothing on a node without GPUs; the fake source under --simulate), dcgm, nvml, dcgm-exporter, none.").Default(gpu.SourceAuto).Enum(gpu.Sources...)
 	p.interval = flagOf(cmd, "gpu.interval", "How often the GPU source and PodResources are read.").Default("10s").Duration()
 	p.url = flagOf(cmd, "gpu.dcgm-exporter-url", "URL of this node's dcgm-exporter /metrics page (in a DaemonSet: http://$(HOST_IP):9400/metrics).").Default(gpu.DefaultDCGMExporterURL).String()
 	p.socket = flagOf(cmd, "gpu.podresources-socket", "Kubelet PodResources socket mapping GPUs to pods; empty exports every GPU without job labels.").Default(gpu.DefaultPodResourcesSocket).String()
@@ -47,9 +47,10 @@ func (p *gpuPart) start(ctx context.Context, rt *runtime) error {
 	var src gpu.Source
 	name := *p.source
 	switch {
-	case rt.scenario != nil:
+	case rt.scenario != nil && name == gpu.SourceAuto:
 		// The fake source and kubelet serve this node, or every node when
 		// the node name is empty; the real PodResources client reads them.
+		// A source named explicitly is read for real (hack/gpu-smoke.sh).
 		fake := sim.NewGPUSource(rt.scenario, rt.nodeName)
 		fake.SetDown(*p.simDown)
 		src, name = fake, "simulated"
@@ -126,6 +127,6 @@ func (p *gpuPart) wire(ctx context.Context, rt *runtime, m *gpu.Metrics, src gpu
 		}()
 	}
 	rt.exporter.Add("gpu", gpu.NewCollector(gpus, allocs, rt.index, rt.nodeName))
-	rt.logger.Info("reading GPUs", "source", name, "podresources", socket, "node", rt.nodeName)
+	rt.logger.Info("reading GPUs", "gpu_source", name, "podresources", socket, "node", rt.nodeName)
 	return nil
 }

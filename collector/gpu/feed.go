@@ -66,14 +66,14 @@ func (f *Feed[T]) Poll(ctx context.Context) {
 		}
 		if !f.down {
 			f.down = true
-			f.logger.Warn("source down; its metrics are dropped until it recovers", "source", f.name, "err", err)
+			f.logger.Warn("source down; its metrics are dropped until it recovers", "feed", f.name, "err", err)
 		}
 		return
 	}
 	f.val, f.ok, f.at = v, true, f.now()
 	if f.down {
 		f.down = false
-		f.logger.Info("source recovered", "source", f.name)
+		f.logger.Info("source recovered", "feed", f.name)
 	}
 }
 
