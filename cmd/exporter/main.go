@@ -193,9 +193,18 @@ func run(ctx context.Context, args []string) int {
 		ErrorLog: slog.NewLogLogger(logger.Handler(), slog.LevelError), ErrorHandling: promhttp.ContinueOnError,
 	}))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+	// Ready once the topology is synced. A source that is down (Cilium
+	// without ctAccounting, Hubble restarting) is reported in the body and
+	// as zonewatch_source_up 0, but does not make the pod unready: an
+	// unready pod drops out of a ServiceMonitor's endpoints, and the alert
+	// that should say why would lose its data.
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if !live.Up() {
+			http.Error(w, "kubernetes informers not synced", http.StatusServiceUnavailable)
+			return
+		}
 		if ok, down := rt.exporter.SourcesUp(); !ok {
-			http.Error(w, "sources down: "+strings.Join(down, ", "), http.StatusServiceUnavailable)
+			fmt.Fprintln(w, "ready; sources down: "+strings.Join(down, ", "))
 			return
 		}
 		fmt.Fprintln(w, "ready")
