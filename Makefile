@@ -39,6 +39,7 @@ lint:
 generate:
 	$(GO) run ./rules/cmd/generate
 	$(GO) run ./dashboards/gen
+	bash deploy/render.sh
 
 ## check-generated: regenerate and fail when committed artifacts differ
 check-generated: generate
