@@ -18,9 +18,9 @@ func TestHelmTemplate(t *testing.T) {
 	helm := findHelm()
 	if helm == "" {
 		if required {
-			t.Fatal("helm not found (PATH, $ZONEWATCH_TOOLS/bin or .tools/bin; hack/tools.sh builds it)")
+			t.Fatal("helm not found in $ZONEWATCH_TOOLS_BIN, .tools/bin or PATH: run `make tools`")
 		}
-		t.Skip("helm not found (PATH, $ZONEWATCH_TOOLS/bin or .tools/bin; hack/tools.sh builds it); set ZONEWATCH_REQUIRE_TOOLS=1 to make this a failure")
+		t.Skip("helm not found in $ZONEWATCH_TOOLS_BIN, .tools/bin or PATH: run `make tools`; set ZONEWATCH_REQUIRE_TOOLS=1 to make this a failure")
 	}
 
 	chart := filepath.Join(t.TempDir(), "zonewatch")
@@ -113,18 +113,18 @@ func exprs(qs []Query) string {
 	return b.String()
 }
 
+// findHelm looks where `make tools` puts it ($ZONEWATCH_TOOLS_BIN, else
+// .tools/bin), then on PATH.
 func findHelm() string {
-	if p, err := exec.LookPath("helm"); err == nil {
+	dir := os.Getenv("ZONEWATCH_TOOLS_BIN")
+	if dir == "" {
+		dir = filepath.Join(repoRoot, ".tools", "bin")
+	}
+	if p := filepath.Join(dir, "helm"); isExecutable(p) {
 		return p
 	}
-	dirs := []string{filepath.Join(repoRoot, ".tools", "bin")}
-	if d := os.Getenv("ZONEWATCH_TOOLS"); d != "" {
-		dirs = append([]string{filepath.Join(d, "bin")}, dirs...)
-	}
-	for _, d := range dirs {
-		if p := filepath.Join(d, "helm"); isExecutable(p) {
-			return p
-		}
+	if p, err := exec.LookPath("helm"); err == nil {
+		return p
 	}
 	return ""
 }

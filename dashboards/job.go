@@ -146,8 +146,9 @@ func jobDrilldown(o Options) (dashboard.Dashboard, error) {
 			"The policies that drop this job's traffic, with Cilium's drop reason. (not named) = Cilium did not report the policy (1.16+ names it on policy-verdict events).",
 			units.EventsPerSecond,
 			rangeQ(`label_replace(sum by (policy, reason) (rate(`+sel(metricDrops)+`[$__rate_interval])), "policy", "(not named)", "policy", "")`, "{{policy}}: {{reason}}"))).
-		WithPanel(g.table("Denying policies over the selected range",
+		WithPanel(g.orderedTable("Denying policies over the selected range",
 			"Every policy that dropped this job's packets in the selected time range, with direction, zones and reason: hand this row to the policy owner.",
+			[]string{"policy", "direction", "src_zone", "dst_zone", "locality", "reason"},
 			column{"Drops", units.NoUnit, `label_replace(sum by (policy, direction, src_zone, dst_zone, locality, reason) (increase(` + sel(metricDrops) + `[$__range])), "policy", "(not named)", "policy", "")`},
 		).
 			SortBy(sortDesc("Drops")).

@@ -181,16 +181,29 @@ type column struct {
 
 // table merges one instant query per value column on their shared labels
 // (namespace, job_name, ...), renames the value columns and drops Time.
+// Label columns come first, namespace and job_name leading.
 func (g *gen) table(title, desc string, cols ...column) *table.PanelBuilder {
+	return g.orderedTable(title, desc, []string{"namespace", "job_name"}, cols...)
+}
+
+// orderedTable is table with the label columns in the given order.
+func (g *gen) orderedTable(title, desc string, labelOrder []string, cols ...column) *table.PanelBuilder {
 	qs := make([]query, 0, len(cols))
 	rename := map[string]any{}
+	index := map[string]any{}
+	for i, l := range labelOrder {
+		index[l] = i
+	}
 	for i, c := range cols {
 		qs = append(qs, instantQ(c.expr, ""))
-		rename[fmt.Sprintf("Value #%c", 'A'+i)] = c.header
+		value := fmt.Sprintf("Value #%c", 'A'+i)
+		rename[value] = c.header
+		index[value] = len(labelOrder) + i
 	}
 	if len(cols) == 1 {
 		// Grafana names the value column of a lone table query "Value".
 		rename["Value"] = cols[0].header
+		index["Value"] = len(labelOrder)
 	}
 	tb := table.NewPanelBuilder().
 		Id(g.nextID()).
@@ -209,6 +222,7 @@ func (g *gen) table(title, desc string, cols ...column) *table.PanelBuilder {
 	}
 	tb.WithTransformation(dashboard.DataTransformerConfig{Id: "organize", Options: map[string]any{
 		"excludeByName": map[string]any{"Time": true},
+		"indexByName":   index,
 		"renameByName":  rename,
 	}})
 	for _, c := range cols {

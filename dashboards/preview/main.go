@@ -9,6 +9,8 @@
 //	  -var zonewatch-job-drilldown:namespace=ml-research -var zonewatch-job-drilldown:job_name=bert-finetune
 //
 // With -chromium it also screenshots each page to <name>.png (headless).
+// With -check it also runs every query dashboards.Queries extracts (panels,
+// variables, annotations) and exits 1 if any fails or returns no data.
 package main
 
 import (
@@ -46,16 +48,17 @@ func main() {
 	rate := flag.Duration("rate-interval", time.Minute, "value of $__rate_interval (>= 4 scrape intervals)")
 	width := flag.Int("width", 1600, "page width in pixels")
 	chromium := flag.String("chromium", "", "chromium binary: also write <name>.png screenshots")
+	check := flag.Bool("check", false, "run every query of every dashboard; exit 1 if one fails or returns no data")
 	flag.Var(&vars, "var", "variable value, name=value or <dashboard file stem>:name=value (repeatable)")
 	flag.Parse()
 
-	if err := run(*prom, *in, *out, *rng, *rate, *width, *chromium, vars); err != nil {
+	if err := run(*prom, *in, *out, *rng, *rate, *width, *chromium, *check, vars); err != nil {
 		fmt.Fprintln(os.Stderr, "preview:", err)
 		os.Exit(1)
 	}
 }
 
-func run(prom, in, out string, rng, rate time.Duration, width int, chromium string, vars []string) error {
+func run(prom, in, out string, rng, rate time.Duration, width int, chromium string, check bool, vars []string) error {
 	files, err := filepath.Glob(filepath.Join(in, "*.json"))
 	if err != nil || len(files) == 0 {
 		return fmt.Errorf("no dashboards in %s", in)
@@ -64,6 +67,7 @@ func run(prom, in, out string, rng, rate time.Duration, width int, chromium stri
 		return err
 	}
 	now := time.Now()
+	var empty []string
 	for _, f := range files {
 		stem := strings.TrimSuffix(filepath.Base(f), ".json")
 		b, err := os.ReadFile(f)
@@ -87,6 +91,22 @@ func run(prom, in, out string, rng, rate time.Duration, width int, chromium stri
 			vs[name] = value
 		}
 		p := &page{prom: strings.TrimRight(prom, "/"), vars: vs, now: now, rng: rng, width: width}
+		if check {
+			qs, err := dashboards.Queries(b, vs)
+			if err != nil {
+				return fmt.Errorf("%s: %w", stem, err)
+			}
+			for _, q := range qs {
+				res, err := p.query(q.Expr, q.Instant)
+				switch {
+				case err != nil:
+					empty = append(empty, fmt.Sprintf("%s: %s %q %s: %v", stem, q.Kind, q.Title, q.RefID, err))
+				case len(res) == 0:
+					empty = append(empty, fmt.Sprintf("%s: %s %q %s: no data\n    %s", stem, q.Kind, q.Title, q.RefID, q.Expr))
+				}
+			}
+			fmt.Printf("checked %d queries of %s\n", len(qs), stem)
+		}
 		doc, err := p.render(b)
 		if err != nil {
 			return fmt.Errorf("%s: %w", stem, err)
@@ -107,6 +127,9 @@ func run(prom, in, out string, rng, rate time.Duration, width int, chromium stri
 			}
 			fmt.Println("wrote", png)
 		}
+	}
+	if len(empty) > 0 {
+		return fmt.Errorf("%d queries failed or returned no data:\n%s", len(empty), strings.Join(empty, "\n"))
 	}
 	return nil
 }
@@ -277,7 +300,7 @@ table{border-collapse:collapse;width:100%;font-size:12px}th{text-align:left;colo
 td{padding:3px 8px;border-bottom:1px solid #202226;white-space:nowrap}td.num{text-align:right}th.num{text-align:right}td a{color:#6e9fff;text-decoration:none}
 .legend{position:absolute;left:8px;right:8px;bottom:2px;font-size:11px;display:flex;flex-wrap:wrap;gap:2px 12px;max-height:34px;overflow:hidden}.sw{display:inline-block;width:12px;height:3px;margin-right:4px;vertical-align:middle}
 .bars{padding:4px 10px}.bar{display:flex;align-items:center;gap:8px;margin:4px 0}.bar .l{width:40%;overflow:hidden;text-overflow:ellipsis;white-space:nowrap}.bar .t{flex:1;background:#22252b;height:18px}.bar .f{height:18px}.bar .x{width:40px;text-align:right}
-.md{padding:4px 10px;font-size:12px}.md table{margin:4px 0}.md td,.md th{border:1px solid #2a2d35}.md code{background:#22252b;padding:0 3px}
+.md{padding:4px 10px;font-size:12px}.md td{white-space:normal}.md table{margin:4px 0}.md td,.md th{border:1px solid #2a2d35}.md code{background:#22252b;padding:0 3px}
 .err{color:#f2495c;padding:8px;font-size:11px}
 `
 
@@ -503,12 +526,12 @@ func (p *page) timeseries(pn panel, w, h float64) (string, error) {
 		hi = lo + 1
 	}
 	hi *= 1.08
-	const left, bottom = 62.0, 40.0
-	pw, ph := w-left-8, h-bottom-6
+	const left, bottom = 80.0, 40.0
+	pw, ph := w-left-8, h-bottom-16
 	var b strings.Builder
 	fmt.Fprintf(&b, "<svg width='%.0f' height='%.0f' style='position:absolute;left:0;top:0'>", w, h)
 	for i := 0; i <= 3; i++ {
-		y := 4 + ph - ph*float64(i)/3
+		y := 12 + ph - ph*float64(i)/3
 		v := lo + (hi-lo)*float64(i)/3
 		fmt.Fprintf(&b, "<line x1='%.0f' x2='%.0f' y1='%.1f' y2='%.1f' stroke='#2a2d35'/><text x='%.0f' y='%.1f' fill='#8e8e9e' font-size='10' text-anchor='end'>%s</text>",
 			left, left+pw, y, y, left-4, y+3, html.EscapeString(formatValue(v, df.Unit)))
@@ -517,7 +540,7 @@ func (p *page) timeseries(pn panel, w, h float64) (string, error) {
 		var pts []string
 		for _, pt := range l.pts {
 			x := left + pw*(pt[0]-t0)/(t1-t0)
-			y := 4 + ph - ph*(pt[1]-lo)/(hi-lo)
+			y := 12 + ph - ph*(pt[1]-lo)/(hi-lo)
 			pts = append(pts, fmt.Sprintf("%.1f,%.1f", x, y))
 		}
 		fmt.Fprintf(&b, "<polyline fill='none' stroke='%s' stroke-width='1.5' points='%s'/>", palette[i%len(palette)], strings.Join(pts, " "))

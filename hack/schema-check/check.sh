@@ -3,6 +3,7 @@
 # @grafana/schema with TypeScript (tsc --noEmit).
 #
 #   hack/schema-check/check.sh [dashboard.json...]   (default: dashboards/json/*.json)
+#   hack/schema-check/check.sh --install              (only fill the cache)
 #
 # The pinned packages (package.json + package-lock.json here) are installed
 # with `npm ci` into a git-ignored cache keyed by their versions,
@@ -48,6 +49,10 @@ if [ ! -f "$cache/.done" ]; then
   mv "$cache.tmp" "$cache"
 fi
 
+if [ "${1:-}" = --install ]; then
+  echo "$cache"
+  exit 0
+fi
 if [ $# -eq 0 ]; then
   set -- "$root"/dashboards/json/*.json
 fi
