@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"sync"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -54,12 +55,18 @@ func Open(name string, o Options) (Source, error) {
 	return nil, fmt.Errorf("unknown GPU source %q", name)
 }
 
+const probeTimeout = 5 * time.Second
+
 var errNVMLNotBuilt = errors.New("nvml: not built into this binary (build with -tags nvml and CGO_ENABLED=1)")
 
 // Probe is --gpu.source=auto: it tries DCGM, then NVML, then the
 // dcgm-exporter page, and returns the first that reads. err joins every
 // attempt's error when none does (a node without GPUs).
 func Probe(ctx context.Context, o Options) (Source, string, error) {
+	// The exporter's start waits for this: a dcgm-exporter address that
+	// drops packets must not hang it.
+	ctx, cancel := context.WithTimeout(ctx, probeTimeout)
+	defer cancel()
 	errs := []error{ErrDCGMNotBuilt}
 	if NVMLBuiltIn {
 		s, err := openNVML(o.Logger)
