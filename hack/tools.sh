@@ -75,6 +75,14 @@ goinstall "alertmanager-$ALERTMANAGER_VERSION" \
   "github.com/prometheus/alertmanager/cmd/amtool@$ALERTMANAGER_VERSION"
 goinstall "helm-$HELM_VERSION" "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
 
+# Node.js for the dashboard schema check (the machine image usually has it).
+if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+  log "installing nodejs and npm from Debian"
+  DEBIAN_FRONTEND=noninteractive apt-get update -qq >&2
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nodejs npm >&2
+fi
+ZONEWATCH_TOOLS=$tools bash "$root/hack/schema-check/check.sh" --install >&2
+
 # One flat bin/ of links so tests and scripts need a single path.
 mkdir -p "$tools/bin"
 ln -sf "$tools/kube-apiserver-$K8S_VERSION/kube-apiserver" "$tools/bin/kube-apiserver"
