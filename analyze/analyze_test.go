@@ -101,9 +101,9 @@ func TestAnalyze(t *testing.T) {
 			flows: 6, exit: 1,
 		},
 		{
-			name: "the sending node's capture alone counts the same",
-			in:   Input{Nodes: nodes, Pods: td("jobset", "pods.yaml"), Flows: []string{td("jobset", "gpu-a1.jsonl")}},
-			jobs: []wantJob{{name: "research/bert", verdict: VerdictCrossZoneTraffic, events: ByLocality{CrossZone: 2}}},
+			name:  "the sending node's capture alone counts the same",
+			in:    Input{Nodes: nodes, Pods: td("jobset", "pods.yaml"), Flows: []string{td("jobset", "gpu-a1.jsonl")}},
+			jobs:  []wantJob{{name: "research/bert", verdict: VerdictCrossZoneTraffic, events: ByLocality{CrossZone: 2}}},
 			flows: 3, exit: 1,
 		},
 		{
@@ -154,9 +154,9 @@ func TestAnalyze(t *testing.T) {
 			flows: 3, unresolved: 1, exit: 1,
 		},
 		{
-			name: "garbage lines in a flow file are counted and skipped",
-			in:   Input{Nodes: nodes, Pods: td("jobset", "pods.yaml"), Flows: []string{td("garbage", "flows.jsonl")}},
-			jobs: []wantJob{{name: "research/bert", verdict: VerdictCrossZoneTraffic, events: ByLocality{CrossZone: 1}}},
+			name:  "garbage lines in a flow file are counted and skipped",
+			in:    Input{Nodes: nodes, Pods: td("jobset", "pods.yaml"), Flows: []string{td("garbage", "flows.jsonl")}},
+			jobs:  []wantJob{{name: "research/bert", verdict: VerdictCrossZoneTraffic, events: ByLocality{CrossZone: 1}}},
 			flows: 1, bad: 2, exit: 1,
 			warn: []string{td("garbage", "flows.jsonl") + ":2: skipped", td("garbage", "flows.jsonl") + ":3: skipped"},
 		},

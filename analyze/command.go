@@ -15,12 +15,14 @@ import (
 // blocked, 2 an input that cannot be read (bad usage fails app.Parse).
 func AddCommand(app *kingpin.Application, stdout, stderr io.Writer) func() int {
 	cmd := app.Command("analyze", "Diagnose captured files offline: which training jobs are split across zones, blocked by policy or paying for cross-zone traffic, and how to fix them.")
-	nodes := cmd.Flag("nodes", "`kubectl get nodes -o json` (or -o yaml) output.").PlaceHolder("FILE").Required().String()
-	pods := cmd.Flag("pods", "`kubectl get pods -A -o json` (or -o yaml) output.").PlaceHolder("FILE").Required().String()
-	flows := cmd.Flag("flows", "`hubble observe -o jsonpb` (or -o json) output; repeatable, e.g. one file per node.").PlaceHolder("FILE").Strings()
+	nodes := cmd.Flag("nodes", "kubectl get nodes -o json (or -o yaml) output.").PlaceHolder("FILE").Required().String()
+	pods := cmd.Flag("pods", "kubectl get pods -A -o json (or -o yaml) output.").PlaceHolder("FILE").Required().String()
+	flows := cmd.Flag("flows", "hubble observe -o jsonpb (or -o json) output; repeatable, e.g. one file per node.").PlaceHolder("FILE").Strings()
 	gpuPage := cmd.Flag("gpu", "A dcgm-exporter /metrics page (with its pod labels) for GPU utilization per job.").PlaceHolder("FILE").String()
 	output := cmd.Flag("output", "Output format: text or json.").Short('o').Default("text").Enum("text", "json")
-	jobRules := cmd.Flag("kube.job-rule", `Job identity rule "name=LABEL,kind=KIND[,role=LABEL|LABEL][,rank0=LABEL|LABEL]"; repeatable; replaces the built-in rules.`).Strings()
+	// Positional files join --flows, so that `--flows node-*.jsonl` works.
+	moreFlows := cmd.Arg("flow-files", "More hubble observe output files.").Strings()
+	jobRules := cmd.Flag("kube.job-rule", `Job identity rule "name=LABEL,kind=KIND[,role=LABEL|LABEL][,rank0=LABEL|LABEL]"; repeatable; replaces the built-in rules.`).PlaceHolder("RULE").Strings()
 	return func() int {
 		var rules []kube.Rule
 		for _, s := range *jobRules {
@@ -31,7 +33,7 @@ func AddCommand(app *kingpin.Application, stdout, stderr io.Writer) func() int {
 			}
 			rules = append(rules, r)
 		}
-		rep, err := Run(Input{Nodes: *nodes, Pods: *pods, Flows: *flows, GPU: *gpuPage, Rules: rules, Warn: stderr})
+		rep, err := Run(Input{Nodes: *nodes, Pods: *pods, Flows: append(*flows, *moreFlows...), GPU: *gpuPage, Rules: rules, Warn: stderr})
 		if err != nil {
 			fmt.Fprintf(stderr, "zonewatch-exporter analyze: %v\n", err)
 			return 2

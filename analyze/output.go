@@ -32,6 +32,9 @@ func (r *Report) WriteText(w io.Writer) error {
 		j.writeText(&b, r)
 		b.WriteByte('\n')
 	}
+	if len(jobs) == 0 {
+		b.WriteString("No pod of a training job is scheduled in the pod dump (jobs are recognised by their labels: see --kube.job-rule).\n")
+	}
 	count := map[string]int{}
 	for _, j := range jobs {
 		count[j.Verdict]++
