@@ -139,6 +139,14 @@ func TestReadmeSection(t *testing.T) {
 			t.Errorf("flag --%s is not in README-section.md", f.Name)
 		}
 	}
+	// The example is the golden text report.
+	report, err := os.ReadFile(td("blocked", "report.txt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(doc, string(report)) {
+		t.Errorf("README-section.md's example is not testdata/blocked/report.txt")
+	}
 	for _, f := range []string{"namespace", "job_name", "job_kind", "zones", "split_zone", "coordinator_zones", "policy_drops",
 		"denying_policies", "flow_events", "gpu_utilization", "verdict", "suggested_fix", "flows_read", "bad_lines", "unresolved_flows"} {
 		if !strings.Contains(doc, "`"+f+"`") {
