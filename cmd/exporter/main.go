@@ -110,10 +110,14 @@ func newApp() (*kingpin.Application, *kingpin.CmdClause, *options) {
 // the server fails.
 func run(ctx context.Context, args []string) int {
 	app, serve, o := newApp()
+	analyze := addAnalyze(app)
 	cmd, err := app.Parse(args)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "zonewatch-exporter: %v (try --help)\n", err)
 		return 2
+	}
+	if cmd == "analyze" {
+		return analyze()
 	}
 	if cmd != serve.FullCommand() {
 		return 2
