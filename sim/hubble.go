@@ -59,19 +59,32 @@ func NewHubble(s *Scenario, node string, capacity int) *Hubble {
 
 // Start serves the Observer API on a unix socket at path.
 func (h *Hubble) Start(path string) error {
-	h.srvMu.Lock()
-	defer h.srvMu.Unlock()
-	if h.srv != nil {
-		return errors.New("sim: hubble server already started")
-	}
 	_ = os.Remove(path)
 	lis, err := net.Listen("unix", path)
 	if err != nil {
 		return fmt.Errorf("sim: hubble listen on %s: %w", path, err)
 	}
-	srv := grpc.NewServer()
+	if err := h.Serve(lis); err != nil {
+		lis.Close()
+		return err
+	}
+	h.srvMu.Lock()
+	h.path = path
+	h.srvMu.Unlock()
+	return nil
+}
+
+// Serve serves the Observer API on lis (e.g. TCP with TLS credentials in
+// opts, like Relay) until Stop.
+func (h *Hubble) Serve(lis net.Listener, opts ...grpc.ServerOption) error {
+	h.srvMu.Lock()
+	defer h.srvMu.Unlock()
+	if h.srv != nil {
+		return errors.New("sim: hubble server already started")
+	}
+	srv := grpc.NewServer(opts...)
 	observerpb.RegisterObserverServer(srv, &observer{h: h})
-	h.srv, h.path = srv, path
+	h.srv, h.path = srv, ""
 	go func() { _ = srv.Serve(lis) }()
 	return nil
 }
@@ -84,7 +97,9 @@ func (h *Hubble) Stop() {
 		return
 	}
 	h.srv.Stop()
-	_ = os.Remove(h.path)
+	if h.path != "" {
+		_ = os.Remove(h.path)
+	}
 	h.srv = nil
 }
 

@@ -111,7 +111,7 @@ func NewClient(cfg Config, agg *Aggregator) *Client {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Client{cfg: cfg, agg: agg, m: agg.Metrics(), logger: cfg.Logger.With("source", "hubble"), marks: map[string]*int64{}}
+	return &Client{cfg: cfg, agg: agg, m: agg.Metrics(), logger: cfg.Logger, marks: map[string]*int64{}}
 }
 
 // Up reports whether the flow stream is established (zonewatch_source_up).
