@@ -14,6 +14,7 @@ import (
 
 	flowpb "github.com/cilium/cilium/api/v1/flow"
 	observerpb "github.com/cilium/cilium/api/v1/observer"
+	relaypb "github.com/cilium/cilium/api/v1/relay"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
@@ -204,6 +205,9 @@ func (c *Client) session(ctx context.Context, since time.Time, reconnect bool) (
 			"max_flows", st.GetMaxFlows(), "num_flows", st.GetNumFlows(), "seen_flows", st.GetSeenFlows(),
 			"flows_rate", st.GetFlowsRate(), "connected_nodes", st.GetNumConnectedNodes().GetValue(),
 			"unavailable_nodes", st.GetNumUnavailableNodes().GetValue())
+		if n := st.GetNumUnavailableNodes().GetValue(); n > 0 {
+			c.logger.Warn("hubble relay cannot reach some nodes; their flows are missing", "count", n, "nodes", st.GetUnavailableNodes())
+		}
 	case status.Code(err) == codes.Unimplemented:
 		c.logger.Debug("hubble server has no ServerStatus", "err", err)
 	default:
@@ -253,7 +257,11 @@ func (c *Client) handle(resp *observerpb.GetFlowsResponse) {
 		c.m.Lost(x.LostEvents.GetSource(), x.LostEvents.GetNumEventsLost())
 	case *observerpb.GetFlowsResponse_NodeStatus:
 		ns := x.NodeStatus
-		c.logger.Debug("hubble relay node status", "nodes", ns.GetNodeNames(), "state", ns.GetStateChange().String(), "message", ns.GetMessage())
+		level := slog.LevelDebug
+		if ns.GetStateChange() == relaypb.NodeState_NODE_UNAVAILABLE || ns.GetStateChange() == relaypb.NodeState_NODE_ERROR {
+			level = slog.LevelWarn // that node's flows are missing until it comes back
+		}
+		c.logger.Log(context.Background(), level, "hubble relay node status", "nodes", ns.GetNodeNames(), "state", ns.GetStateChange().String(), "message", ns.GetMessage())
 	}
 }
 
