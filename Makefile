@@ -49,7 +49,7 @@ check-generated: generate
 
 ## bench: the hot-path benchmarks (allocations reported)
 bench:
-	$(GO) test -run '^$$' -bench . -benchmem -benchtime 2000x ./...
+	$(GO) test -run '^$$' -bench . -benchmem ./...
 
 clean:
 	rm -rf bin
