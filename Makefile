@@ -51,5 +51,17 @@ check-generated: generate
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./...
 
+## e2e: only the end-to-end tests (real kube-apiserver, Prometheus, Alertmanager), verbose
+e2e: tools
+	ZONEWATCH_TOOLS_BIN=$(TOOLS_BIN) ZONEWATCH_REQUIRE_TOOLS=1 $(GO) test -count=1 -v -timeout 20m ./e2e/
+
+## fuzz: every fuzz target for FUZZTIME each
+FUZZTIME ?= 60s
+fuzz:
+	$(GO) test -run '^$$' -fuzz '^FuzzReadFlows$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 2s ./collector/hubble/
+	$(GO) test -run '^$$' -fuzz '^FuzzClassify$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 2s ./collector/hubble/
+	$(GO) test -run '^$$' -fuzz '^FuzzParseDCGMExporter$$' -fuzztime $(FUZZTIME) ./collector/gpu/
+	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime $(FUZZTIME) ./collector/conntrack/
+
 clean:
 	rm -rf bin
