@@ -29,8 +29,10 @@ type templateVar struct {
 // Grafana would: query variables resolved from this Prometheus in order,
 // multi-value variables set to "All", single-value ones set to each value
 // in turn. Instant queries (stats, tables, variables) run at snapshot, when
-// every symptom is live; range queries and annotations over [from, to].
-// Each query must parse and return data for at least one choice of values.
+// every symptom is live, or else at the end (to) — a sum_over_time over a
+// subquery needs whole minutes behind it; range queries and annotations
+// over [from, to]. Each query must parse and return data for at least one
+// choice of values.
 func checkDashboards(t *testing.T, p *prom, snapshot, from, to time.Time) {
 	_, file, _, _ := runtime.Caller(0)
 	files, err := filepath.Glob(filepath.Join(filepath.Dir(file), "..", "dashboards", "json", "*.json"))
@@ -84,6 +86,9 @@ func checkDashboards(t *testing.T, p *prom, snapshot, from, to time.Time) {
 					order = append(order, key)
 				}
 				ok, err := hasData(p, q, snapshot, from, to)
+				if err == nil && !ok && q.Instant {
+					ok, err = hasData(p, q, to, from, to)
+				}
 				switch {
 				case err != nil:
 					r.errs = append(r.errs, err.Error())
@@ -100,9 +105,8 @@ func checkDashboards(t *testing.T, p *prom, snapshot, from, to time.Time) {
 				continue
 			}
 			if len(r.dataFor) == 0 {
-				atEnd, _ := hasData(p, r.q, to, from, to)
-				t.Errorf("%s: %s %q (%s) returned no data for any of %d variable choices (instant %v; data at the end: %v): %s",
-					name, r.q.Kind, r.q.Title, r.q.RefID, len(choices), r.q.Instant, atEnd, r.q.Expr)
+				t.Errorf("%s: %s %q (%s) returned no data for any of %d variable choices: %s",
+					name, r.q.Kind, r.q.Title, r.q.RefID, len(choices), r.q.Expr)
 				continue
 			}
 			withData++

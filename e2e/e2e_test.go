@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"math"
@@ -60,6 +61,23 @@ func testRulesConfig() rules.Config {
 	return cfg
 }
 
+// testRuleFile generates the rule file for cfg and checks that it differs
+// from the committed configuration's only in `for:` lines.
+func testRuleFile(t *testing.T, cfg rules.Config) []byte {
+	t.Helper()
+	got, committed := mustGenerate(t, cfg), mustGenerate(t, rules.DefaultConfig())
+	a, b := strings.Split(string(committed), "\n"), strings.Split(string(got), "\n")
+	if len(a) != len(b) {
+		t.Fatalf("test rule file has %d lines, the committed one %d", len(b), len(a))
+	}
+	for i := range a {
+		if a[i] != b[i] && !(strings.HasPrefix(strings.TrimSpace(a[i]), "for: ") && strings.HasPrefix(strings.TrimSpace(b[i]), "for: ")) {
+			t.Fatalf("test rule file differs from the committed one beyond for: at line %d: %q vs %q", i+1, b[i], a[i])
+		}
+	}
+	return got
+}
+
 // TestEndToEnd runs the three symptoms, failing sources and the fix on the
 // real exporter, one process per simulated GPU node, against a real
 // kube-apiserver, Prometheus and Alertmanager. The steps share one cluster
@@ -96,10 +114,7 @@ func TestEndToEnd(t *testing.T) {
 	t.Cleanup(gpuPages.Close)
 
 	cfg := testRulesConfig()
-	ruleFile, err := rules.Generate(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ruleFile := testRuleFile(t, cfg)
 	hook := newWebhook(t)
 	amAddr := startAlertmanager(t, tools, dir, hook.url)
 	var exporters []exporter
@@ -479,4 +494,21 @@ func crossZoneWireRate(s *sim.Scenario, namespace, job string) float64 {
 		rate += float64(e.SentBytes+e.ReplyBytes-a[i].SentBytes-a[i].ReplyBytes) / span.Seconds()
 	}
 	return rate
+}
+
+// TestRuleFileOnlyForDiffers runs without the tools: the e2e rule file is
+// the generator's, with nothing but shorter `for:` durations.
+func TestRuleFileOnlyForDiffers(t *testing.T) {
+	if bytes.Equal(testRuleFile(t, testRulesConfig()), mustGenerate(t, rules.DefaultConfig())) {
+		t.Fatal("the test rule file has the committed for: durations")
+	}
+}
+
+func mustGenerate(t *testing.T, cfg rules.Config) []byte {
+	t.Helper()
+	b, err := rules.Generate(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
 }
