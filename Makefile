@@ -10,7 +10,7 @@ LDFLAGS := -X github.com/prometheus/common/version.Version=$(VERSION) \
 # Generated artifacts: committed, regenerated and diffed by `make test`.
 GENERATED := rules dashboards deploy
 
-.PHONY: run test build lint bench tools generate check-generated e2e fuzz clean
+.PHONY: run test build lint bench tools generate check-generated e2e fuzz gpu-smoke clean
 
 ## run: the exporter on the built-in simulated cluster; prints the /metrics URL
 run: build
@@ -28,11 +28,12 @@ tools:
 ## Generated artifacts are compared with their generators inside the Go tests.
 test: tools lint
 	ZONEWATCH_TOOLS_BIN=$(TOOLS_BIN) ZONEWATCH_REQUIRE_TOOLS=1 $(GO) test -count=1 -timeout 30m ./...
+	CGO_ENABLED=1 CGO_CFLAGS="-O2 -g -Wno-deprecated-declarations" $(GO) test -count=1 -tags nvml ./collector/gpu/
 
 ## lint: go vet (also the cgo GPU adapters) and a gofmt check
 lint:
 	$(GO) vet ./...
-	CGO_ENABLED=1 $(GO) vet -tags nvml ./collector/gpu/...
+	CGO_ENABLED=1 CGO_CFLAGS="-O2 -g -Wno-deprecated-declarations" $(GO) vet -tags nvml ./collector/gpu/...
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 
 ## generate: rule files, dashboards, rendered manifests
@@ -62,6 +63,10 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzClassify$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 2s ./collector/hubble/
 	$(GO) test -run '^$$' -fuzz '^FuzzParseDCGMExporter$$' -fuzztime $(FUZZTIME) ./collector/gpu/
 	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime $(FUZZTIME) ./collector/conntrack/
+
+## gpu-smoke: on a machine with an NVIDIA GPU, run the exporter with NVML and print what it reads
+gpu-smoke:
+	bash hack/gpu-smoke.sh
 
 clean:
 	rm -rf bin
