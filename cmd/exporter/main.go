@@ -122,19 +122,17 @@ func run(ctx context.Context, args []string) int {
 	if cmd != serve.FullCommand() {
 		return 2
 	}
-	listen, webConfig, metricsURL, logLevel, logFormat := o.listen, o.webConfig, o.metricsURL, o.logLevel, o.logFormat
-	nodeName, kubeconfig, jobRules, resync, simulate := o.nodeName, o.kubeconfig, o.jobRules, o.resync, o.simulate
 
 	level := promslog.NewLevel()
-	_ = level.Set(*logLevel)
+	_ = level.Set(*o.logLevel)
 	format := promslog.NewFormat()
-	_ = format.Set(*logFormat)
+	_ = format.Set(*o.logFormat)
 	logger := promslog.New(&promslog.Config{Level: level, Format: format})
 
 	rules := kube.DefaultRules()
-	if len(*jobRules) > 0 {
+	if len(*o.jobRules) > 0 {
 		rules = rules[:0]
-		for _, s := range *jobRules {
+		for _, s := range *o.jobRules {
 			r, err := kube.ParseRule(s)
 			if err != nil {
 				logger.Error("bad --kube.job-rule", "err", err)
@@ -144,7 +142,7 @@ func run(ctx context.Context, args []string) int {
 		}
 	}
 
-	rt := &runtime{logger: logger, index: kube.NewIndex(), nodeName: *nodeName}
+	rt := &runtime{logger: logger, index: kube.NewIndex(), nodeName: *o.nodeName}
 	rt.exporter = collector.New(logger)
 	selfReg := prometheus.NewRegistry()
 	selfReg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
@@ -153,12 +151,12 @@ func run(ctx context.Context, args []string) int {
 	jobReg := prometheus.NewRegistry()
 	jobReg.MustRegister(rt.exporter)
 
-	client, err := kubeClient(*kubeconfig, *simulate)
+	client, err := kubeClient(*o.kubeconfig, *o.simulate)
 	if err != nil {
 		logger.Error("no Kubernetes cluster to watch", "err", err)
 		return 2
 	}
-	if *simulate {
+	if *o.simulate {
 		rt.scenario = sim.Default()
 		dir, err := os.MkdirTemp("", "zonewatch-sim-")
 		if err != nil {
@@ -172,7 +170,7 @@ func run(ctx context.Context, args []string) int {
 		logger.Info("running on the simulated cluster", "zones", len(rt.scenario.Zones), "nodes", len(rt.scenario.Nodes), "jobs", len(rt.scenario.Jobs))
 	}
 
-	live, factories, err := kube.NewLive(client, rt.index, rules, *resync, logger)
+	live, factories, err := kube.NewLive(client, rt.index, rules, *o.resync, logger)
 	if err != nil {
 		logger.Error("setting up informers", "err", err)
 		return 1
@@ -193,7 +191,7 @@ func run(ctx context.Context, args []string) int {
 	}
 
 	mux := http.NewServeMux()
-	mux.Handle(*metricsURL, promhttp.HandlerFor(prometheus.Gatherers{jobReg, selfReg}, promhttp.HandlerOpts{
+	mux.Handle(*o.metricsURL, promhttp.HandlerFor(prometheus.Gatherers{jobReg, selfReg}, promhttp.HandlerOpts{
 		ErrorLog: slog.NewLogLogger(logger.Handler(), slog.LevelError), ErrorHandling: promhttp.ContinueOnError,
 	}))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
@@ -213,10 +211,10 @@ func run(ctx context.Context, args []string) int {
 		}
 		fmt.Fprintln(w, "ready")
 	})
-	if *metricsURL != "/" {
+	if *o.metricsURL != "/" {
 		landing, err := web.NewLandingPage(web.LandingConfig{
 			Name: "zonewatch exporter", Description: "Training jobs split across availability zones", Version: version.Info(),
-			Links: []web.LandingLinks{{Address: *metricsURL, Text: "Metrics"}, {Address: "/readyz", Text: "Readiness"}},
+			Links: []web.LandingLinks{{Address: *o.metricsURL, Text: "Metrics"}, {Address: "/readyz", Text: "Readiness"}},
 		})
 		if err != nil {
 			logger.Error("landing page", "err", err)
@@ -227,15 +225,15 @@ func run(ctx context.Context, args []string) int {
 
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	systemd := false
-	flags := &web.FlagConfig{WebListenAddresses: listen, WebSystemdSocket: &systemd, WebConfigFile: webConfig}
+	flags := &web.FlagConfig{WebListenAddresses: o.listen, WebSystemdSocket: &systemd, WebConfigFile: o.webConfig}
 	errc := make(chan error, 1)
 	go func() { errc <- web.ListenAndServe(srv, flags, logger) }()
-	for _, a := range *listen {
+	for _, a := range *o.listen {
 		host, port, _ := net.SplitHostPort(a)
 		if host == "" {
 			host = "localhost"
 		}
-		logger.Info("serving metrics", "url", "http://"+net.JoinHostPort(host, port)+*metricsURL)
+		logger.Info("serving metrics", "url", "http://"+net.JoinHostPort(host, port)+*o.metricsURL)
 	}
 
 	select {
