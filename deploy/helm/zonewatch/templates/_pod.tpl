@@ -154,7 +154,7 @@ spec:
         {{- with .Values.livenessProbe }}
         {{- toYaml . | nindent 8 }}
         {{- end }}
-      # Ready when every enabled source is up (GET /readyz names the ones that are not). A pod that is not ready is still scraped.
+      # Ready once the Kubernetes informers synced; GET /readyz names any source that is down (zonewatch_source_up 0), which does not make the pod unready.
       readinessProbe:
         httpGet:
           path: /readyz
