@@ -18,7 +18,7 @@ import (
 
 	"github.com/zonewatch/zonewatch/collector/gpu"
 	"github.com/zonewatch/zonewatch/collector/hubble"
-	"github.com/zonewatch/zonewatch/collector/kube"
+	"github.com/zonewatch/zonewatch/topology"
 )
 
 // Verdicts, worst first.
@@ -35,7 +35,7 @@ type Input struct {
 	Pods  string   // kubectl get pods -o json (or -o yaml)
 	Flows []string // hubble observe -o jsonpb / -o json, e.g. one per node
 	GPU   string   // a dcgm-exporter /metrics page; empty for none
-	Rules []kube.Rule
+	Rules []topology.Rule
 	// Warn receives what is skipped (bad flow lines, GPU series without a
 	// UUID); nil discards it.
 	Warn io.Writer
@@ -90,11 +90,11 @@ type ByLocality struct {
 
 func (b *ByLocality) add(locality string, n int) {
 	switch locality {
-	case kube.LocalitySameZone:
+	case topology.LocalitySameZone:
 		b.Zone += n
-	case kube.LocalityCrossZone:
+	case topology.LocalityCrossZone:
 		b.CrossZone += n
-	case kube.LocalityCrossRegion:
+	case topology.LocalityCrossRegion:
 		b.CrossRegion += n
 	default:
 		b.Unknown += n
@@ -127,9 +127,9 @@ func Run(in Input) (*Report, error) {
 	}
 	rules := in.Rules
 	if rules == nil {
-		rules = kube.DefaultRules()
+		rules = topology.DefaultRules()
 	}
-	index := kube.NewIndex()
+	index := topology.NewIndex()
 	nodes, err := loadNodes(index, in.Nodes)
 	if err != nil {
 		return nil, err
@@ -191,7 +191,7 @@ func Run(in Input) (*Report, error) {
 		}
 		for _, p := range jp.Pods {
 			c := j.Zones[p.Zone]
-			if p.Role == kube.RoleCoordinator {
+			if p.Role == topology.RoleCoordinator {
 				c.Coordinator++
 				if !slices.Contains(j.CoordinatorZones, p.Zone) {
 					j.CoordinatorZones = append(j.CoordinatorZones, p.Zone)
@@ -261,7 +261,7 @@ func readFlows(path string, agg *hubble.Aggregator, own map[jobKey]*ownTraffic, 
 		// Traffic between two pods of one job in different zones: what
 		// makes a split job blocked (dropped) or slow (forwarded).
 		if r.Job == nil || r.Src.Job != r.Job || r.Dst.Job != r.Job ||
-			(r.Locality != kube.LocalityCrossZone && r.Locality != kube.LocalityCrossRegion) {
+			(r.Locality != topology.LocalityCrossZone && r.Locality != topology.LocalityCrossRegion) {
 			return
 		}
 		k := jobKey{r.Job.Namespace, r.Job.Name}
@@ -304,7 +304,7 @@ func (p page) Get() ([]gpu.Sample, bool) { return p, true }
 // readGPU joins a dcgm-exporter page with the index the way the exporter
 // does (its pod labels; there is no PodResources socket offline) and
 // returns each job's mean GPU utilization and its number of GPUs.
-func readGPU(path string, index *kube.Index, rep *Report, warn io.Writer) (map[jobKey]float64, map[jobKey]int, error) {
+func readGPU(path string, index *topology.Index, rep *Report, warn io.Writer) (map[jobKey]float64, map[jobKey]int, error) {
 	if path == "" {
 		return nil, nil, nil
 	}

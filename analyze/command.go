@@ -6,7 +6,7 @@ import (
 
 	"github.com/alecthomas/kingpin/v2"
 
-	"github.com/zonewatch/zonewatch/collector/kube"
+	"github.com/zonewatch/zonewatch/topology"
 )
 
 // AddCommand declares the analyze command and its flags on app and
@@ -24,9 +24,9 @@ func AddCommand(app *kingpin.Application, stdout, stderr io.Writer) func() int {
 	moreFlows := cmd.Arg("flow-files", "More hubble observe output files.").Strings()
 	jobRules := cmd.Flag("kube.job-rule", `Job identity rule "name=LABEL,kind=KIND[,role=LABEL|LABEL][,rank0=LABEL|LABEL]"; repeatable; replaces the built-in rules.`).PlaceHolder("RULE").Strings()
 	return func() int {
-		var rules []kube.Rule
+		var rules []topology.Rule
 		for _, s := range *jobRules {
-			r, err := kube.ParseRule(s)
+			r, err := topology.ParseRule(s)
 			if err != nil {
 				fmt.Fprintf(stderr, "zonewatch-exporter analyze: --kube.job-rule: %v\n", err)
 				return 2

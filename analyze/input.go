@@ -15,6 +15,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/zonewatch/zonewatch/collector/kube"
+	"github.com/zonewatch/zonewatch/topology"
 )
 
 // kubeFile is a kubectl dump as a JSON stream: the file itself, or its
@@ -114,7 +115,7 @@ type nodeInfo struct {
 	taints []corev1.Taint // NoSchedule and NoExecute only
 }
 
-func loadNodes(index *kube.Index, path string) (map[string]nodeInfo, error) {
+func loadNodes(index *topology.Index, path string) (map[string]nodeInfo, error) {
 	f, err := readKubeFile("nodes", path)
 	if err != nil {
 		return nil, err
@@ -173,7 +174,7 @@ type jobPods struct {
 	rayGroups []string
 }
 
-func loadPods(index *kube.Index, rules []kube.Rule, path string) (map[jobKey]*jobPods, error) {
+func loadPods(index *topology.Index, rules []topology.Rule, path string) (map[jobKey]*jobPods, error) {
 	f, err := readKubeFile("pods", path)
 	if err != nil {
 		return nil, err
@@ -203,7 +204,7 @@ func loadPods(index *kube.Index, rules []kube.Rule, path string) (map[jobKey]*jo
 			}
 			jobs[k] = j
 		}
-		coord := p.Identity.Role == kube.RoleCoordinator
+		coord := p.Identity.Role == topology.RoleCoordinator
 		j.replicas[p.Identity.ReplicaType] = j.replicas[p.Identity.ReplicaType] || coord
 		if coord {
 			j.coordinatorTolerations = append(j.coordinatorTolerations, pod.Spec.Tolerations)

@@ -3,7 +3,7 @@ package collector
 import (
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/zonewatch/zonewatch/collector/kube"
+	"github.com/zonewatch/zonewatch/topology"
 )
 
 var (
@@ -20,7 +20,7 @@ var (
 
 // Placements is the topology view the placement collector reads.
 type Placements interface {
-	Placements(node string) []kube.JobPlacement
+	Placements(node string) []topology.JobPlacement
 }
 
 // Placement exports where job pods run, computed from the index at scrape

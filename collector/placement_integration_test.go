@@ -21,6 +21,7 @@ import (
 	"github.com/zonewatch/zonewatch/collector/kube"
 	"github.com/zonewatch/zonewatch/internal/testenv"
 	"github.com/zonewatch/zonewatch/sim"
+	"github.com/zonewatch/zonewatch/topology"
 )
 
 // TestPlacementAgainstKubeAPIServer runs the real informers against a real
@@ -69,9 +70,9 @@ func TestPlacementAgainstKubeAPIServer(t *testing.T) {
 	}
 	createPod(s.Others[0]) // a non-job pod: never exported
 
-	index := kube.NewIndex()
+	index := topology.NewIndex()
 	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
-	live, factories, err := kube.NewLive(client, index, kube.DefaultRules(), 0, logger)
+	live, factories, err := kube.NewLive(client, index, topology.DefaultRules(), 0, logger)
 	if err != nil {
 		t.Fatal(err)
 	}

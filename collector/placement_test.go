@@ -21,6 +21,7 @@ import (
 	"github.com/zonewatch/zonewatch/collector/kube"
 	"github.com/zonewatch/zonewatch/internal/testenv"
 	"github.com/zonewatch/zonewatch/sim"
+	"github.com/zonewatch/zonewatch/topology"
 )
 
 var update = flag.Bool("update", false, "rewrite golden files")
@@ -31,15 +32,15 @@ func (u up) Up() bool { return bool(u) }
 
 // simIndex fills an index from the built-in scenario through the same
 // conversion the informers use.
-func simIndex() *kube.Index {
+func simIndex() *topology.Index {
 	s := sim.Default()
-	x := kube.NewIndex()
+	x := topology.NewIndex()
 	nodes, pods := s.KubeObjects()
 	for _, n := range nodes {
 		x.UpsertNode(kube.NodeFrom(n))
 	}
 	for _, p := range pods {
-		x.UpsertPod(0, kube.PodFrom(kube.DefaultRules(), p))
+		x.UpsertPod(0, kube.PodFrom(topology.DefaultRules(), p))
 	}
 	return x
 }
@@ -101,19 +102,19 @@ func promtoolCheckMetrics(t *testing.T, exposition []byte) {
 	}
 }
 
-func bigIndex(jobs, podsPerJob int) *kube.Index {
-	x := kube.NewIndex()
+func bigIndex(jobs, podsPerJob int) *topology.Index {
+	x := topology.NewIndex()
 	const nodes = 5000
 	for i := 0; i < nodes; i++ {
-		x.UpsertNode(kube.Node{Name: fmt.Sprintf("node-%05d", i), Zone: fmt.Sprintf("zone-%d", i%4)})
+		x.UpsertNode(topology.Node{Name: fmt.Sprintf("node-%05d", i), Zone: fmt.Sprintf("zone-%d", i%4)})
 	}
 	for j := 0; j < jobs; j++ {
 		for k := 0; k < podsPerJob; k++ {
 			n := (j*podsPerJob + k*7) % nodes
-			x.UpsertPod(0, kube.Pod{
+			x.UpsertPod(0, topology.Pod{
 				Namespace: fmt.Sprintf("team-%d", j%50), Name: fmt.Sprintf("job-%d-%d", j, k), Node: fmt.Sprintf("node-%05d", n),
 				IPs:      []netip.Addr{netip.AddrFrom4([4]byte{10, byte(n >> 8), byte(n), byte(2 + k)})},
-				Identity: kube.Identity{Kind: "PyTorchJob", Name: fmt.Sprintf("job-%d", j), Role: kube.RoleWorker},
+				Identity: topology.Identity{Kind: "PyTorchJob", Name: fmt.Sprintf("job-%d", j), Role: topology.RoleWorker},
 			})
 		}
 	}

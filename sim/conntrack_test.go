@@ -10,16 +10,17 @@ import (
 
 	"github.com/zonewatch/zonewatch/collector/conntrack"
 	"github.com/zonewatch/zonewatch/collector/kube"
+	"github.com/zonewatch/zonewatch/topology"
 )
 
-func scenarioIndex(s *Scenario) *kube.Index {
-	idx := kube.NewIndex()
+func scenarioIndex(s *Scenario) *topology.Index {
+	idx := topology.NewIndex()
 	nodes, pods := s.KubeObjects()
 	for _, n := range nodes {
 		idx.UpsertNode(kube.NodeFrom(n))
 	}
 	for _, p := range pods {
-		idx.UpsertPod(0, kube.PodFrom(kube.DefaultRules(), p))
+		idx.UpsertPod(0, kube.PodFrom(topology.DefaultRules(), p))
 	}
 	return idx
 }
@@ -135,9 +136,9 @@ func TestConntrackThroughPoller(t *testing.T) {
 						continue
 					}
 					wz, cz := s.zoneOf(w), s.zoneOf(c)
-					loc := kube.LocalityCrossZone
+					loc := topology.LocalityCrossZone
 					if wz == cz {
-						loc = kube.LocalitySameZone
+						loc = topology.LocalitySameZone
 					}
 					name := j.Namespace + "/" + j.Name
 					exp[name+" "+wz+">"+cz+" "+loc] += want(b.BytesPerSecond, 1, combined)

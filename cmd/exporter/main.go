@@ -26,6 +26,7 @@ import (
 
 	"github.com/zonewatch/zonewatch/collector"
 	"github.com/zonewatch/zonewatch/collector/kube"
+	"github.com/zonewatch/zonewatch/topology"
 	"github.com/zonewatch/zonewatch/sim"
 )
 
@@ -47,7 +48,7 @@ func register(p part) { parts = append(parts, p) }
 // runtime is what a part gets to wire itself in.
 type runtime struct {
 	logger   *slog.Logger
-	index    *kube.Index
+	index    *topology.Index
 	exporter *collector.Exporter
 	// self is the registry of the exporter's own counters (flows processed,
 	// reconnects, ...), kept apart from the job metrics.
@@ -129,11 +130,11 @@ func run(ctx context.Context, args []string) int {
 	_ = format.Set(*o.logFormat)
 	logger := promslog.New(&promslog.Config{Level: level, Format: format})
 
-	rules := kube.DefaultRules()
+	rules := topology.DefaultRules()
 	if len(*o.jobRules) > 0 {
 		rules = rules[:0]
 		for _, s := range *o.jobRules {
-			r, err := kube.ParseRule(s)
+			r, err := topology.ParseRule(s)
 			if err != nil {
 				logger.Error("bad --kube.job-rule", "err", err)
 				return 2
@@ -142,7 +143,7 @@ func run(ctx context.Context, args []string) int {
 		}
 	}
 
-	rt := &runtime{logger: logger, index: kube.NewIndex(), nodeName: *o.nodeName}
+	rt := &runtime{logger: logger, index: topology.NewIndex(), nodeName: *o.nodeName}
 	rt.exporter = collector.New(logger)
 	selfReg := prometheus.NewRegistry()
 	selfReg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),

@@ -10,7 +10,7 @@ import (
 	"github.com/cilium/ebpf"
 
 	"github.com/zonewatch/zonewatch/collector/conntrack"
-	"github.com/zonewatch/zonewatch/collector/kube"
+	"github.com/zonewatch/zonewatch/topology"
 )
 
 // benchEntries is Cilium's default size of the global TCP CT map
@@ -20,11 +20,11 @@ const benchEntries = 512 * 1024
 // benchWorld is a large cluster's index (64 nodes in 4 zones, 128 jobs of
 // 32 pods) and a full CT map of node n0: its job pods talk to pods all over
 // the cluster and to unknown peers; a quarter of the entries are ingress.
-func benchWorld(tb testing.TB) (*kube.Index, []ctEntry) {
+func benchWorld(tb testing.TB) (*topology.Index, []ctEntry) {
 	tb.Helper()
-	idx := kube.NewIndex()
+	idx := topology.NewIndex()
 	for n := 0; n < 64; n++ {
-		idx.UpsertNode(kube.Node{Name: fmt.Sprintf("n%d", n), Zone: fmt.Sprintf("z%d", n%4), Region: "r",
+		idx.UpsertNode(topology.Node{Name: fmt.Sprintf("n%d", n), Zone: fmt.Sprintf("z%d", n%4), Region: "r",
 			PodCIDRs: []netip.Prefix{netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(n), 0, 0}), 16)}})
 	}
 	var local, all []netip.Addr
@@ -32,8 +32,8 @@ func benchWorld(tb testing.TB) (*kube.Index, []ctEntry) {
 		for k := 0; k < 32; k++ {
 			n := (j*32 + k) % 64
 			ip := netip.AddrFrom4([4]byte{10, byte(n), byte(j), byte(k + 1)})
-			idx.UpsertPod(0, kube.Pod{Namespace: "ns", Name: fmt.Sprintf("job%d-%d", j, k), Node: fmt.Sprintf("n%d", n), IPs: []netip.Addr{ip},
-				Identity: kube.Identity{Kind: "PyTorchJob", Name: fmt.Sprintf("job%d", j), Role: kube.RoleWorker}})
+			idx.UpsertPod(0, topology.Pod{Namespace: "ns", Name: fmt.Sprintf("job%d-%d", j, k), Node: fmt.Sprintf("n%d", n), IPs: []netip.Addr{ip},
+				Identity: topology.Identity{Kind: "PyTorchJob", Name: fmt.Sprintf("job%d", j), Role: topology.RoleWorker}})
 			all = append(all, ip)
 			if n == 0 {
 				local = append(local, ip)

@@ -14,7 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/zonewatch/zonewatch/collector/conntrack"
-	"github.com/zonewatch/zonewatch/collector/kube"
+	"github.com/zonewatch/zonewatch/topology"
 )
 
 // bpfEnv is where real BPF maps live for a test: pinned in a bpffs
@@ -105,12 +105,12 @@ var (
 )
 
 // dualStackIndex is newIndex with v6 addresses for worker-0 and the master.
-func dualStackIndex() *kube.Index {
+func dualStackIndex() *topology.Index {
 	idx := newIndex()
-	idx.UpsertPod(0, kube.Pod{Namespace: "ml", Name: "train-worker-0", Node: "n1", IPs: []netip.Addr{worker0, worker0v6},
-		Identity: kube.Identity{Kind: "PyTorchJob", Name: "train", Role: kube.RoleWorker}})
-	idx.UpsertPod(0, kube.Pod{Namespace: "ml", Name: "train-master-0", Node: "n2", IPs: []netip.Addr{master, masterV6},
-		Identity: kube.Identity{Kind: "PyTorchJob", Name: "train", Role: kube.RoleCoordinator}})
+	idx.UpsertPod(0, topology.Pod{Namespace: "ml", Name: "train-worker-0", Node: "n1", IPs: []netip.Addr{worker0, worker0v6},
+		Identity: topology.Identity{Kind: "PyTorchJob", Name: "train", Role: topology.RoleWorker}})
+	idx.UpsertPod(0, topology.Pod{Namespace: "ml", Name: "train-master-0", Node: "n2", IPs: []netip.Addr{master, masterV6},
+		Identity: topology.Identity{Kind: "PyTorchJob", Name: "train", Role: topology.RoleCoordinator}})
 	return idx
 }
 

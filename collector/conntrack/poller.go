@@ -21,13 +21,13 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/zonewatch/zonewatch/collector/jobcounter"
-	"github.com/zonewatch/zonewatch/collector/kube"
+	"github.com/zonewatch/zonewatch/topology"
 )
 
 // Index places IPs and tells which jobs exist; the topology index
 // satisfies it.
 type Index interface {
-	LookupIP(netip.Addr) (kube.Endpoint, bool)
+	LookupIP(netip.Addr) (topology.Endpoint, bool)
 	JobExists(namespace, name string) bool
 }
 
@@ -451,7 +451,7 @@ func (p *Poller) count() {
 			continue
 		}
 		pe, _ := p.idx.LookupIP(peer)
-		p.bytes.Add(bytesKey{le.Job.Namespace, le.Job.Name, le.Zone, pe.Zone, kube.Locality(le, pe)}, float64(d.bytes))
+		p.bytes.Add(bytesKey{le.Job.Namespace, le.Job.Name, le.Zone, pe.Zone, topology.Locality(le, pe)}, float64(d.bytes))
 	}
 	p.m.unattributed.WithLabelValues(unattrNoJob).Add(float64(noJob))
 	p.m.unattributed.WithLabelValues(unattrNotLocal).Add(float64(notLocal))

@@ -16,7 +16,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/zonewatch/zonewatch/collector/conntrack"
-	"github.com/zonewatch/zonewatch/collector/kube"
+	"github.com/zonewatch/zonewatch/topology"
 )
 
 var (
@@ -29,19 +29,19 @@ var (
 
 // newIndex is a real topology index: two nodes in two zones, one job
 // with two workers on n1 and its master on n2.
-func newIndex() *kube.Index {
-	idx := kube.NewIndex()
-	idx.UpsertNode(kube.Node{Name: "n1", Zone: "z-a", Region: "r1",
+func newIndex() *topology.Index {
+	idx := topology.NewIndex()
+	idx.UpsertNode(topology.Node{Name: "n1", Zone: "z-a", Region: "r1",
 		Addresses: []netip.Addr{netip.MustParseAddr("172.16.0.1")}, PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.1.0.0/24")}})
-	idx.UpsertNode(kube.Node{Name: "n2", Zone: "z-b", Region: "r1",
+	idx.UpsertNode(topology.Node{Name: "n2", Zone: "z-b", Region: "r1",
 		Addresses: []netip.Addr{netip.MustParseAddr("172.16.0.2")}, PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.2.0.0/24")}})
 	pod := func(name, node string, ip netip.Addr, role string) {
-		idx.UpsertPod(0, kube.Pod{Namespace: "ml", Name: name, Node: node, IPs: []netip.Addr{ip},
-			Identity: kube.Identity{Kind: "PyTorchJob", Name: "train", Role: role}})
+		idx.UpsertPod(0, topology.Pod{Namespace: "ml", Name: name, Node: node, IPs: []netip.Addr{ip},
+			Identity: topology.Identity{Kind: "PyTorchJob", Name: "train", Role: role}})
 	}
-	pod("train-worker-0", "n1", worker0, kube.RoleWorker)
-	pod("train-worker-1", "n1", worker1, kube.RoleWorker)
-	pod("train-master-0", "n2", master, kube.RoleCoordinator)
+	pod("train-worker-0", "n1", worker0, topology.RoleWorker)
+	pod("train-worker-1", "n1", worker1, topology.RoleWorker)
+	pod("train-master-0", "n2", master, topology.RoleCoordinator)
 	return idx
 }
 
@@ -171,7 +171,7 @@ func TestDeltasAcrossPolls(t *testing.T) {
 	src := conntrack.NewMemSource()
 	p, reg := newPoller(t, src, "n1", conntrack.LayoutCombined)
 	c := conn{from: worker0, to: master, fromNode: "n1", toNode: "n2", sport: 40000, dport: 29500, sentPkts: 1, replyPkts: 1}
-	cross := key("z-a", "z-b", kube.LocalityCrossZone)
+	cross := key("z-a", "z-b", topology.LocalityCrossZone)
 
 	poll := func(i int, cs ...conn) {
 		var es []ctEntry
@@ -255,7 +255,7 @@ func TestReadErrorKeepsBaselines(t *testing.T) {
 		t.Fatal("source still down after a good read")
 	}
 	// a: +1000 (read before the failure), b: +2000; nothing lost, nothing twice.
-	if got := series(t, p)[key("z-a", "z-b", kube.LocalityCrossZone)]; got != 3000 {
+	if got := series(t, p)[key("z-a", "z-b", topology.LocalityCrossZone)]; got != 3000 {
 		t.Fatalf("bytes = %v, want 3000", got)
 	}
 	if got := selfValue(t, reg, "zonewatch_conntrack_deleted_entries_total"); got != 0 {

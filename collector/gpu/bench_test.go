@@ -7,14 +7,14 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
 
-	"github.com/zonewatch/zonewatch/collector/kube"
+	"github.com/zonewatch/zonewatch/topology"
 )
 
 // benchNode is a busy 8-GPU node: four job pods with two GPUs each, two
 // of them time-sliced with a notebook, plus a MIG GPU with 7 instances.
 func benchNode() (*Collector, int) {
-	x := kube.NewIndex()
-	x.UpsertNode(kube.Node{Name: "gpu-a1", Zone: "us-east-1a", Region: "us-east-1"})
+	x := topology.NewIndex()
+	x.UpsertNode(topology.Node{Name: "gpu-a1", Zone: "us-east-1a", Region: "us-east-1"})
 	var prs []*podresourcesv1.PodResources
 	var samples []Sample
 	for i := range 8 {
@@ -22,7 +22,7 @@ func benchNode() (*Collector, int) {
 		samples = append(samples, Sample{UUID: u, Index: i, GI: NoInstance, Util: 0.9, SMActive: 0.5, TensorActive: 0.3})
 		if i%2 == 0 {
 			name := fmt.Sprintf("job-%d-worker-0", i/2)
-			x.UpsertPod(0, kube.Pod{Namespace: "ml", Name: name, Node: "gpu-a1", Identity: kube.Identity{Kind: "PyTorchJob", Name: fmt.Sprintf("job-%d", i/2), Role: kube.RoleWorker}})
+			x.UpsertPod(0, topology.Pod{Namespace: "ml", Name: name, Node: "gpu-a1", Identity: topology.Identity{Kind: "PyTorchJob", Name: fmt.Sprintf("job-%d", i/2), Role: topology.RoleWorker}})
 			prs = append(prs, &podresourcesv1.PodResources{Namespace: "ml", Name: name, Containers: []*podresourcesv1.ContainerResources{{
 				Name: "main", Devices: []*podresourcesv1.ContainerDevices{{ResourceName: "nvidia.com/gpu", DeviceIds: []string{u + "::0", fmt.Sprintf("GPU-%08x-0000-4000-8000-000000000000::0", i+1)}}},
 			}}})

@@ -7,7 +7,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/zonewatch/zonewatch/collector/kube"
+	"github.com/zonewatch/zonewatch/topology"
 )
 
 var labels = []string{"node", "zone", "gpu", "uuid", "namespace", "job_name", "pod"}
@@ -26,7 +26,7 @@ var (
 
 // Index is what the GPU join needs from the topology index.
 type Index interface {
-	LookupPod(namespace, name string) (kube.Endpoint, bool)
+	LookupPod(namespace, name string) (topology.Endpoint, bool)
 	NodeZone(node string) (zone, region string, ok bool)
 }
 

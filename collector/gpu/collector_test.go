@@ -9,7 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
 
-	"github.com/zonewatch/zonewatch/collector/kube"
+	"github.com/zonewatch/zonewatch/topology"
 )
 
 // fixed is a feed reading that never changes; ok false is a feed that is down.
@@ -28,13 +28,13 @@ const (
 	mig0  = "MIG-11111111-0000-4000-8000-000000000000"
 )
 
-func testIndex() *kube.Index {
-	x := kube.NewIndex()
-	x.UpsertNode(kube.Node{Name: "gpu-a1", Zone: "us-east-1a", Region: "us-east-1"})
-	x.UpsertPod(0, kube.Pod{Namespace: "ml", Name: "llm-worker-0", Node: "gpu-a1",
-		Identity: kube.Identity{Kind: "PyTorchJob", Name: "llm", Role: kube.RoleWorker}})
-	x.UpsertPod(0, kube.Pod{Namespace: "ml", Name: "bert-0", Node: "gpu-a1",
-		Identity: kube.Identity{Kind: "JobSet", Name: "bert", Role: kube.RoleCoordinator}})
+func testIndex() *topology.Index {
+	x := topology.NewIndex()
+	x.UpsertNode(topology.Node{Name: "gpu-a1", Zone: "us-east-1a", Region: "us-east-1"})
+	x.UpsertPod(0, topology.Pod{Namespace: "ml", Name: "llm-worker-0", Node: "gpu-a1",
+		Identity: topology.Identity{Kind: "PyTorchJob", Name: "llm", Role: topology.RoleWorker}})
+	x.UpsertPod(0, topology.Pod{Namespace: "ml", Name: "bert-0", Node: "gpu-a1",
+		Identity: topology.Identity{Kind: "JobSet", Name: "bert", Role: topology.RoleCoordinator}})
 	return x
 }
 
@@ -131,7 +131,7 @@ func TestCollectorWithoutPodResources(t *testing.T) {
 
 func TestCollectorAllNodesAndSourceAttribution(t *testing.T) {
 	idx := testIndex()
-	idx.UpsertNode(kube.Node{Name: "gpu-b1", Zone: "us-east-1b", Region: "us-east-1"})
+	idx.UpsertNode(topology.Node{Name: "gpu-b1", Zone: "us-east-1b", Region: "us-east-1"})
 	samples := []Sample{
 		{UUID: uuid0, Index: 0, GI: NoInstance, Node: "gpu-a1", Util: 0.5, SMActive: NA, TensorActive: NA},
 		// dcgm-exporter's own mapping is used when PodResources has none

@@ -20,8 +20,8 @@ import (
 
 	"github.com/zonewatch/zonewatch/collector"
 	"github.com/zonewatch/zonewatch/collector/gpu"
-	"github.com/zonewatch/zonewatch/collector/kube"
 	"github.com/zonewatch/zonewatch/sim"
+	"github.com/zonewatch/zonewatch/topology"
 )
 
 // socketPath returns a unix socket path under a test folder, short enough
@@ -69,15 +69,15 @@ func scenario() *sim.Scenario {
 	return s
 }
 
-func index(s *sim.Scenario) *kube.Index {
-	x := kube.NewIndex()
+func index(s *sim.Scenario) *topology.Index {
+	x := topology.NewIndex()
 	for _, n := range s.Nodes {
-		x.UpsertNode(kube.Node{Name: n.Name, Zone: n.Zone, Region: s.Region})
+		x.UpsertNode(topology.Node{Name: n.Name, Zone: n.Zone, Region: s.Region})
 	}
 	for _, j := range s.Jobs {
 		for _, p := range j.Pods {
-			x.UpsertPod(0, kube.Pod{Namespace: p.Namespace, Name: p.Name, Node: p.Node,
-				Identity: kube.Identity{Kind: j.Kind, Name: j.Name, Role: p.Role}})
+			x.UpsertPod(0, topology.Pod{Namespace: p.Namespace, Name: p.Name, Node: p.Node,
+				Identity: topology.Identity{Kind: j.Kind, Name: j.Name, Role: p.Role}})
 		}
 	}
 	return x

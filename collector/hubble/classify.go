@@ -11,14 +11,14 @@ import (
 
 	flowpb "github.com/cilium/cilium/api/v1/flow"
 
-	"github.com/zonewatch/zonewatch/collector/kube"
+	"github.com/zonewatch/zonewatch/topology"
 )
 
 // Topology is what classification needs from the topology index; a
-// *kube.Index satisfies it.
+// *topology.Index satisfies it.
 type Topology interface {
-	LookupIP(netip.Addr) (kube.Endpoint, bool)
-	LookupPod(namespace, name string) (kube.Endpoint, bool)
+	LookupIP(netip.Addr) (topology.Endpoint, bool)
+	LookupPod(namespace, name string) (topology.Endpoint, bool)
 	JobExists(namespace, name string) bool
 }
 
@@ -78,7 +78,7 @@ type Result struct {
 	Count Count
 	// Node is the observing node (flow.node_name without a cluster prefix).
 	Node     string
-	Src, Dst kube.Endpoint
+	Src, Dst topology.Endpoint
 	// SrcUnresolved / DstUnresolved: the side is a cluster address the
 	// index cannot place (world addresses are not unresolved).
 	SrcUnresolved, DstUnresolved bool
@@ -86,7 +86,7 @@ type Result struct {
 	Local Side
 	// Job is the local side's job, else the peer's; nil when neither side
 	// is a job pod.
-	Job       *kube.Job
+	Job       *topology.Job
 	Locality  string
 	Direction string
 	Verdict   string // VerdictForwarded / VerdictDropped when counted
@@ -160,7 +160,7 @@ func (c *Classifier) Classify(f *flowpb.Flow) Result {
 	srcLocal := isLocal(r.Src, src, r.Node)
 	dstLocal := isLocal(r.Dst, dst, r.Node)
 	r.Direction = direction(f.GetTrafficDirection())
-	r.Locality = kube.Locality(r.Src, r.Dst)
+	r.Locality = topology.Locality(r.Src, r.Dst)
 
 	event := f.GetEventType().GetType()
 	switch {
@@ -289,8 +289,8 @@ func ports(l4 *flowpb.Layer4) (src, dst uint32, proto byte) {
 
 // resolve places one side: the flow's IP first, then the flow's
 // namespace/pod_name (a job pod whose IP the informer has not seen yet).
-func (c *Classifier) resolve(addr string, ep *flowpb.Endpoint) (kube.Endpoint, bool) {
-	e, ok := kube.Endpoint{Zone: kube.UnknownZone}, false
+func (c *Classifier) resolve(addr string, ep *flowpb.Endpoint) (topology.Endpoint, bool) {
+	e, ok := topology.Endpoint{Zone: topology.UnknownZone}, false
 	if addr != "" {
 		if a, err := netip.ParseAddr(addr); err == nil {
 			e, ok = c.topo.LookupIP(a)
@@ -310,7 +310,7 @@ func (c *Classifier) resolve(addr string, ep *flowpb.Endpoint) (kube.Endpoint, b
 // isLocal reports whether a side runs on the observing node. A side the
 // index cannot place is local when Hubble gave it an endpoint ID, which
 // only endpoints of the observing node have.
-func isLocal(e kube.Endpoint, ep *flowpb.Endpoint, node string) bool {
+func isLocal(e topology.Endpoint, ep *flowpb.Endpoint, node string) bool {
 	if e.Node != "" && node != "" {
 		return e.Node == node
 	}

@@ -8,7 +8,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
-	"github.com/zonewatch/zonewatch/collector/kube"
+	"github.com/zonewatch/zonewatch/topology"
 )
 
 // Pods of the test scenario.
@@ -98,7 +98,7 @@ func TestJobAttribution(t *testing.T) {
 	if r.Count != Forwarded || r.Job == nil || r.Job.Name != "resnet-healthy" || r.Local != SideSource {
 		t.Fatalf("non-job sender to a job pod: %+v", r)
 	}
-	if r.Src.Zone != zoneA || r.Dst.Zone != zoneA || r.Locality != kube.LocalitySameZone {
+	if r.Src.Zone != zoneA || r.Dst.Zone != zoneA || r.Locality != topology.LocalitySameZone {
 		t.Errorf("zones %s -> %s (%s)", r.Src.Zone, r.Dst.Zone, r.Locality)
 	}
 	// Job pod to job pod of another job: the local side's job.
@@ -202,7 +202,7 @@ func TestDropReasonsAndPolicy(t *testing.T) {
 			if r.Count != Dropped || r.Reason != tc.reason || r.Policy() != tc.policy || r.Direction != DirectionEgress {
 				t.Errorf("got count %v reason %q policy %q direction %s", r.Count, r.Reason, r.Policy(), r.Direction)
 			}
-			if r.Job == nil || r.Job.Name != "llm-blocked" || r.Locality != kube.LocalityCrossZone {
+			if r.Job == nil || r.Job.Name != "llm-blocked" || r.Locality != topology.LocalityCrossZone {
 				t.Errorf("job %v locality %s", r.Job, r.Locality)
 			}
 		})
@@ -241,7 +241,7 @@ func TestResolveFallbacks(t *testing.T) {
 	// Garbage addresses are unresolved, not fatal.
 	f = trace("gpu-a1", bertWorker, bertCoord, flowpb.TraceObservationPoint_TO_OVERLAY, false)
 	f.IP.Destination, f.Destination.PodName = "not-an-ip", ""
-	if r := c.Classify(f); !r.DstUnresolved || r.Dst.Zone != kube.UnknownZone {
+	if r := c.Classify(f); !r.DstUnresolved || r.Dst.Zone != topology.UnknownZone {
 		t.Errorf("bad address: %+v", r)
 	}
 }

@@ -10,7 +10,7 @@ import (
 
 	flowpb "github.com/cilium/cilium/api/v1/flow"
 
-	"github.com/zonewatch/zonewatch/collector/kube"
+	"github.com/zonewatch/zonewatch/topology"
 )
 
 // realdata holds flows written by real Cilium/Hubble versions.
@@ -28,7 +28,7 @@ func TestRealHubbleFilesParse(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer f.Close()
-			agg := NewAggregator(kube.NewIndex(), "", time.Minute, nil)
+			agg := NewAggregator(topology.NewIndex(), "", time.Minute, nil)
 			st, err := ReadFlows(f, func(f *flowpb.Flow) { agg.Observe(f) })
 			if err != nil {
 				t.Fatal(err)
@@ -49,17 +49,17 @@ func TestRealPolicyDropJoined(t *testing.T) {
 		t.Skip("no real Hubble data at " + realdata)
 	}
 	defer f.Close()
-	x := kube.NewIndex()
-	x.UpsertNode(kube.Node{Name: "kind-worker2", Zone: "zone-1", PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.3.0/24")}})
-	x.UpsertPod(0, kube.Pod{Namespace: "cilium-test-5", Name: "client-645b68dcf7-2jmrw", Node: "kind-worker2",
-		IPs: []netip.Addr{netip.MustParseAddr("10.244.3.30")}, Identity: kube.Identity{Kind: "Job", Name: "client"}})
+	x := topology.NewIndex()
+	x.UpsertNode(topology.Node{Name: "kind-worker2", Zone: "zone-1", PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.3.0/24")}})
+	x.UpsertPod(0, topology.Pod{Namespace: "cilium-test-5", Name: "client-645b68dcf7-2jmrw", Node: "kind-worker2",
+		IPs: []netip.Addr{netip.MustParseAddr("10.244.3.30")}, Identity: topology.Identity{Kind: "Job", Name: "client"}})
 	agg := NewAggregator(x, "", time.Minute, nil)
 	var r Result
 	if _, err := ReadFlows(f, func(f *flowpb.Flow) { r = agg.Observe(f) }); err != nil {
 		t.Fatal(err)
 	}
-	want := DropKey{Namespace: "cilium-test-5", Job: "client", Direction: DirectionEgress, SrcZone: "zone-1", DstZone: kube.UnknownZone,
-		Locality: kube.LocalityUnknown, Reason: ReasonPolicyDenied}
+	want := DropKey{Namespace: "cilium-test-5", Job: "client", Direction: DirectionEgress, SrcZone: "zone-1", DstZone: topology.UnknownZone,
+		Locality: topology.LocalityUnknown, Reason: ReasonPolicyDenied}
 	if v := agg.Drops().Value(want); v != 1 {
 		t.Errorf("drop %+v = %v, want 1 (result %+v)", want, v, r)
 	}

@@ -12,7 +12,7 @@ import (
 	flowpb "github.com/cilium/cilium/api/v1/flow"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/zonewatch/zonewatch/collector/kube"
+	"github.com/zonewatch/zonewatch/topology"
 )
 
 // seedLines are real Hubble lines (when the shared data is there) and
@@ -40,7 +40,7 @@ func seedLines(tb testing.TB) [][]byte {
 }
 
 var (
-	localities = map[string]bool{kube.LocalitySameZone: true, kube.LocalityCrossZone: true, kube.LocalityCrossRegion: true, kube.LocalityUnknown: true}
+	localities = map[string]bool{topology.LocalitySameZone: true, topology.LocalityCrossZone: true, topology.LocalityCrossRegion: true, topology.LocalityUnknown: true}
 	directions = map[string]bool{DirectionIngress: true, DirectionEgress: true, DirectionUnknown: true}
 	reasons    = map[string]bool{"": true, ReasonPolicyDenied: true, ReasonPolicyDeny: true, ReasonAuthRequired: true}
 )

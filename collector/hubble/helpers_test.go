@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/zonewatch/zonewatch/collector/kube"
 	"github.com/zonewatch/zonewatch/sim"
+	"github.com/zonewatch/zonewatch/topology"
 )
 
 const (
@@ -47,21 +47,21 @@ func testScenario() *sim.Scenario {
 		Jobs: []sim.Job{
 			{Namespace: "ml-team", Name: "resnet-healthy", Kind: "PyTorchJob", Behaviour: sim.Behaviour{FlowsPerSecond: 2},
 				Pods: []sim.Pod{
-					pod("ml-team", "resnet-healthy-master-0", "gpu-a1", "10.244.1.2", kube.RoleCoordinator),
-					pod("ml-team", "resnet-healthy-worker-0", "gpu-a1", "10.244.1.3", kube.RoleWorker),
-					pod("ml-team", "resnet-healthy-worker-1", "gpu-a2", "10.244.2.2", kube.RoleWorker),
+					pod("ml-team", "resnet-healthy-master-0", "gpu-a1", "10.244.1.2", topology.RoleCoordinator),
+					pod("ml-team", "resnet-healthy-worker-0", "gpu-a1", "10.244.1.3", topology.RoleWorker),
+					pod("ml-team", "resnet-healthy-worker-1", "gpu-a2", "10.244.2.2", topology.RoleWorker),
 				}},
 			{Namespace: "ml-team", Name: "llm-blocked", Kind: "PyTorchJob", Behaviour: sim.Behaviour{FlowsPerSecond: 1, BlockedBy: "ml-team/zone-isolation"},
 				Pods: []sim.Pod{
-					pod("ml-team", "llm-blocked-master-0", "gpu-b1", "10.244.4.2", kube.RoleCoordinator),
-					pod("ml-team", "llm-blocked-worker-0", "gpu-a2", "10.244.2.3", kube.RoleWorker),
-					pod("ml-team", "llm-blocked-worker-1", "gpu-a2", "10.244.2.4", kube.RoleWorker),
+					pod("ml-team", "llm-blocked-master-0", "gpu-b1", "10.244.4.2", topology.RoleCoordinator),
+					pod("ml-team", "llm-blocked-worker-0", "gpu-a2", "10.244.2.3", topology.RoleWorker),
+					pod("ml-team", "llm-blocked-worker-1", "gpu-a2", "10.244.2.4", topology.RoleWorker),
 				}},
 			{Namespace: "research", Name: "bert-slow", Kind: "JobSet", Behaviour: sim.Behaviour{FlowsPerSecond: 2},
 				Pods: []sim.Pod{
-					pod("research", "bert-slow-workers-0-0", "gpu-c1", "10.244.7.2", kube.RoleCoordinator),
-					pod("research", "bert-slow-workers-1-0", "gpu-a1", "10.244.1.4", kube.RoleWorker),
-					pod("research", "bert-slow-workers-2-0", "gpu-a1", "10.244.1.5", kube.RoleWorker),
+					pod("research", "bert-slow-workers-0-0", "gpu-c1", "10.244.7.2", topology.RoleCoordinator),
+					pod("research", "bert-slow-workers-1-0", "gpu-a1", "10.244.1.4", topology.RoleWorker),
+					pod("research", "bert-slow-workers-2-0", "gpu-a1", "10.244.1.5", topology.RoleWorker),
 				}},
 		},
 		Others: []sim.Pod{{Namespace: "shop", Name: "frontend-0", Node: "cpu-a1", IP: addr("10.244.3.2"), Labels: map[string]string{"app": "frontend"}}},
@@ -70,15 +70,15 @@ func testScenario() *sim.Scenario {
 
 // indexOf fills a real topology index with the scenario's nodes and job
 // pods, as the informers would.
-func indexOf(s *sim.Scenario) *kube.Index {
-	x := kube.NewIndex()
+func indexOf(s *sim.Scenario) *topology.Index {
+	x := topology.NewIndex()
 	for _, n := range s.Nodes {
-		x.UpsertNode(kube.Node{Name: n.Name, Zone: n.Zone, Region: s.Region, Addresses: []netip.Addr{n.IP}, PodCIDRs: []netip.Prefix{n.PodCIDR}})
+		x.UpsertNode(topology.Node{Name: n.Name, Zone: n.Zone, Region: s.Region, Addresses: []netip.Addr{n.IP}, PodCIDRs: []netip.Prefix{n.PodCIDR}})
 	}
 	for _, j := range s.Jobs {
 		for _, p := range j.Pods {
-			x.UpsertPod(0, kube.Pod{Namespace: p.Namespace, Name: p.Name, Node: p.Node, IPs: []netip.Addr{p.IP},
-				Identity: kube.Identity{Kind: j.Kind, Name: j.Name, Role: p.Role}})
+			x.UpsertPod(0, topology.Pod{Namespace: p.Namespace, Name: p.Name, Node: p.Node, IPs: []netip.Addr{p.IP},
+				Identity: topology.Identity{Kind: j.Kind, Name: j.Name, Role: p.Role}})
 		}
 	}
 	return x

@@ -10,17 +10,17 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
-	"github.com/zonewatch/zonewatch/collector/kube"
+	"github.com/zonewatch/zonewatch/topology"
 )
 
 var (
 	blockedDrops = DropKey{Namespace: "ml-team", Job: "llm-blocked", Direction: DirectionIngress, SrcZone: zoneA, DstZone: zoneB,
-		Locality: kube.LocalityCrossZone, Reason: ReasonPolicyDenied, PolicyNamespace: "ml-team", PolicyName: "zone-isolation"}
-	blockedForwarded = EventKey{Namespace: "ml-team", Job: "llm-blocked", SrcZone: zoneA, DstZone: zoneB, Locality: kube.LocalityCrossZone, Verdict: VerdictForwarded}
-	blockedDropped   = EventKey{Namespace: "ml-team", Job: "llm-blocked", SrcZone: zoneA, DstZone: zoneB, Locality: kube.LocalityCrossZone, Verdict: VerdictDropped}
-	bertToCoord      = EventKey{Namespace: "research", Job: "bert-slow", SrcZone: zoneA, DstZone: zoneC, Locality: kube.LocalityCrossZone, Verdict: VerdictForwarded}
-	bertFromCoord    = EventKey{Namespace: "research", Job: "bert-slow", SrcZone: zoneC, DstZone: zoneA, Locality: kube.LocalityCrossZone, Verdict: VerdictForwarded}
-	resnetLocal      = EventKey{Namespace: "ml-team", Job: "resnet-healthy", SrcZone: zoneA, DstZone: zoneA, Locality: kube.LocalitySameZone, Verdict: VerdictForwarded}
+		Locality: topology.LocalityCrossZone, Reason: ReasonPolicyDenied, PolicyNamespace: "ml-team", PolicyName: "zone-isolation"}
+	blockedForwarded = EventKey{Namespace: "ml-team", Job: "llm-blocked", SrcZone: zoneA, DstZone: zoneB, Locality: topology.LocalityCrossZone, Verdict: VerdictForwarded}
+	blockedDropped   = EventKey{Namespace: "ml-team", Job: "llm-blocked", SrcZone: zoneA, DstZone: zoneB, Locality: topology.LocalityCrossZone, Verdict: VerdictDropped}
+	bertToCoord      = EventKey{Namespace: "research", Job: "bert-slow", SrcZone: zoneA, DstZone: zoneC, Locality: topology.LocalityCrossZone, Verdict: VerdictForwarded}
+	bertFromCoord    = EventKey{Namespace: "research", Job: "bert-slow", SrcZone: zoneC, DstZone: zoneA, Locality: topology.LocalityCrossZone, Verdict: VerdictForwarded}
+	resnetLocal      = EventKey{Namespace: "ml-team", Job: "resnet-healthy", SrcZone: zoneA, DstZone: zoneA, Locality: topology.LocalitySameZone, Verdict: VerdictForwarded}
 )
 
 // want is the count of each series after seconds of the test scenario.
@@ -269,13 +269,13 @@ func TestUnknownIPsCountedAsUnresolved(t *testing.T) {
 	if v := testutil.ToFloat64(m.UnresolvedDst); v != 1 {
 		t.Errorf("unresolved destinations = %v, want 1", v)
 	}
-	k := DropKey{Namespace: "ml-team", Job: "llm-blocked", Direction: DirectionIngress, SrcZone: kube.UnknownZone, DstZone: zoneB,
-		Locality: kube.LocalityUnknown, Reason: ReasonPolicyDenied}
+	k := DropKey{Namespace: "ml-team", Job: "llm-blocked", Direction: DirectionIngress, SrcZone: topology.UnknownZone, DstZone: zoneB,
+		Locality: topology.LocalityUnknown, Reason: ReasonPolicyDenied}
 	if v := agg.Drops().Value(k); v != 1 {
 		t.Errorf("drop from the unknown address not attributed to the coordinator's job: %v", v)
 	}
-	if v := agg.Events().Value(EventKey{Namespace: "ml-team", Job: "llm-blocked", SrcZone: zoneB, DstZone: kube.UnknownZone,
-		Locality: kube.LocalityUnknown, Verdict: VerdictForwarded}); v != 2 {
+	if v := agg.Events().Value(EventKey{Namespace: "ml-team", Job: "llm-blocked", SrcZone: zoneB, DstZone: topology.UnknownZone,
+		Locality: topology.LocalityUnknown, Verdict: VerdictForwarded}); v != 2 {
 		t.Errorf("forwarded events to unknown peers = %v, want 2", v)
 	}
 }

@@ -1,6 +1,7 @@
 package kube
 
 import (
+	"github.com/zonewatch/zonewatch/topology"
 	"net/netip"
 
 	corev1 "k8s.io/api/core/v1"
@@ -25,8 +26,8 @@ func firstLabel(labels map[string]string, keys ...string) string {
 }
 
 // NodeFrom converts a Kubernetes node. Addresses that do not parse are skipped.
-func NodeFrom(n *corev1.Node) Node {
-	out := Node{
+func NodeFrom(n *corev1.Node) topology.Node {
+	out := topology.Node{
 		Name:   n.Name,
 		Zone:   firstLabel(n.Labels, LabelZone, LabelZoneLegacy),
 		Region: firstLabel(n.Labels, LabelRegion, LabelRegionLegacy),
@@ -53,13 +54,13 @@ func NodeFrom(n *corev1.Node) Node {
 
 // PodFrom converts a Kubernetes pod, identifying its job with rules. A pod
 // of no job has an empty Identity.Name.
-func PodFrom(rules []Rule, p *corev1.Pod) Pod {
-	owners := make([]Owner, 0, len(p.OwnerReferences))
+func PodFrom(rules []topology.Rule, p *corev1.Pod) topology.Pod {
+	owners := make([]topology.Owner, 0, len(p.OwnerReferences))
 	for _, o := range p.OwnerReferences {
-		owners = append(owners, Owner{Kind: o.Kind, Controller: o.Controller != nil && *o.Controller})
+		owners = append(owners, topology.Owner{Kind: o.Kind, Controller: o.Controller != nil && *o.Controller})
 	}
-	id, _ := Identify(rules, p.Labels, owners)
-	out := Pod{
+	id, _ := topology.Identify(rules, p.Labels, owners)
+	out := topology.Pod{
 		Namespace:   p.Namespace,
 		Name:        p.Name,
 		Node:        p.Spec.NodeName,
@@ -106,7 +107,7 @@ func StripNode(obj any) (any, error) {
 
 // PodStripper returns an informer transform that keeps only the labels the
 // job rules read, owner kinds, node, IPs, phase and hostNetwork.
-func PodStripper(rules []Rule) func(any) (any, error) {
+func PodStripper(rules []topology.Rule) func(any) (any, error) {
 	keep := map[string]bool{}
 	for _, r := range rules {
 		keep[r.NameLabel] = true

@@ -3,6 +3,7 @@ package kube
 import (
 	"encoding/json"
 	"fmt"
+	"github.com/zonewatch/zonewatch/topology"
 	"io"
 
 	corev1 "k8s.io/api/core/v1"
@@ -13,7 +14,7 @@ const fileSource = 63
 
 // LoadNodes reads `kubectl get nodes -o json` output (a List, a NodeList
 // or a single Node) into the index and returns how many were read.
-func LoadNodes(index *Index, r io.Reader) (int, error) {
+func LoadNodes(index *topology.Index, r io.Reader) (int, error) {
 	var n int
 	err := decodeObjects(r, "Node", func(raw json.RawMessage) error {
 		var node corev1.Node
@@ -30,7 +31,7 @@ func LoadNodes(index *Index, r io.Reader) (int, error) {
 // LoadPods reads `kubectl get pods -o json` output into the index, keeping
 // the pods that rules identify as job pods. It returns pods read and job
 // pods kept.
-func LoadPods(index *Index, rules []Rule, r io.Reader) (read, kept int, err error) {
+func LoadPods(index *topology.Index, rules []topology.Rule, r io.Reader) (read, kept int, err error) {
 	err = decodeObjects(r, "Pod", func(raw json.RawMessage) error {
 		var pod corev1.Pod
 		if err := json.Unmarshal(raw, &pod); err != nil {

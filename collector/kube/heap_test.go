@@ -2,6 +2,7 @@ package kube
 
 import (
 	"fmt"
+	"github.com/zonewatch/zonewatch/topology"
 	"runtime"
 	"testing"
 
@@ -60,7 +61,7 @@ func TestHeapAtScale(t *testing.T) {
 		t.Skip("heap measurement")
 	}
 	const nodes, jobs, perJob = 5000, 2000, 10
-	strip := PodStripper(DefaultRules())
+	strip := PodStripper(topology.DefaultRules())
 	base := heapNow()
 	podStore := cache.NewStore(cache.MetaNamespaceKeyFunc)
 	nodeStore := cache.NewStore(cache.MetaNamespaceKeyFunc)
@@ -81,7 +82,13 @@ func TestHeapAtScale(t *testing.T) {
 		}
 	}
 	caches := heapNow()
-	x := bigIndex(nodes, jobs, perJob)
+	x := topology.NewIndex()
+	for _, o := range nodeStore.List() {
+		x.UpsertNode(NodeFrom(o.(*corev1.Node)))
+	}
+	for _, o := range podStore.List() {
+		x.UpsertPod(0, PodFrom(topology.DefaultRules(), o.(*corev1.Pod)))
+	}
 	index := heapNow()
 	t.Logf("informer caches (stripped): %.1f MiB for %d nodes + %d pods; index: %.1f MiB; total %.1f MiB",
 		float64(caches-base)/(1<<20), len(nodeStore.List()), len(podStore.List()),

@@ -3,6 +3,7 @@ package kube
 import (
 	"context"
 	"fmt"
+	"github.com/zonewatch/zonewatch/topology"
 	"log/slog"
 	"sync/atomic"
 	"time"
@@ -18,8 +19,8 @@ import (
 // job rule, one pod informer selecting pods that carry the rule's name
 // label, so only job pods (not all 100k pods) are listed and watched.
 type Live struct {
-	index    *Index
-	rules    []Rule
+	index    *topology.Index
+	rules    []topology.Rule
 	logger   *slog.Logger
 	synced   []cache.InformerSynced
 	isSynced atomic.Bool
@@ -27,7 +28,7 @@ type Live struct {
 }
 
 // NewLive prepares informers; Run starts them.
-func NewLive(client kubernetes.Interface, index *Index, rules []Rule, resync time.Duration, logger *slog.Logger) (*Live, []informers.SharedInformerFactory, error) {
+func NewLive(client kubernetes.Interface, index *topology.Index, rules []topology.Rule, resync time.Duration, logger *slog.Logger) (*Live, []informers.SharedInformerFactory, error) {
 	l := &Live{index: index, rules: rules, logger: logger}
 	var factories []informers.SharedInformerFactory
 
@@ -51,7 +52,7 @@ func NewLive(client kubernetes.Interface, index *Index, rules []Rule, resync tim
 	factories = append(factories, nf)
 
 	strip := PodStripper(rules)
-	for i, label := range NameLabels(rules) {
+	for i, label := range topology.NameLabels(rules) {
 		source := i
 		pf := informers.NewSharedInformerFactoryWithOptions(client, resync,
 			informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = label }))
