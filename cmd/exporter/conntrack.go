@@ -10,7 +10,7 @@ import (
 	"github.com/zonewatch/zonewatch/collector/conntrack"
 )
 
-func init() { register(&conntrackPart{}) }
+func init() { register("conntrack", &conntrackPart{}) }
 
 // conntrackPart counts job bytes from Cilium's conntrack accounting maps.
 type conntrackPart struct {
@@ -27,7 +27,9 @@ func (p *conntrackPart) flags(cmd *kingpin.CmdClause) {
 	p.layout = flagOf(cmd, "conntrack.layout", "Cilium ct_entry layout: auto (decide from the entries), split (Cilium before 1.16: rx/tx counters) or combined (1.16 and later: one packets/bytes pair).").Default("auto").Enum("auto", "split", "combined")
 }
 
-func (p *conntrackPart) start(ctx context.Context, rt *runtime) error {
+func (p *conntrackPart) input(in *inputs) { in.conntrack = conntrack.BPFSource{Dir: *p.bpffs} }
+
+func (p *conntrackPart) start(ctx context.Context, w *wiring, in *inputs) error {
 	if !*p.enabled {
 		return nil
 	}
@@ -38,23 +40,18 @@ func (p *conntrackPart) start(ctx context.Context, rt *runtime) error {
 	if err != nil {
 		return err
 	}
-	var src conntrack.Source = conntrack.BPFSource{Dir: *p.bpffs}
-	if rt.scenario != nil {
-		// Generated entries, in the layout asked for (combined for auto).
-		src = rt.scenario.ConntrackSource(rt.nodeName, layout, time.Now())
-	}
 	// Absent or unreadable maps are not fatal: the source reports itself
 	// down and logs once what to fix.
-	poller, err := conntrack.New(src, rt.index, conntrack.Config{
-		Node: rt.nodeName, Layout: layout, Logger: rt.logger, Self: rt.self,
+	poller, err := conntrack.New(in.conntrack, w.index, conntrack.Config{
+		Node: w.nodeName, Layout: layout, Logger: w.logger, Self: w.self,
 		// Every cluster has nodes: none means the informers have not synced.
-		Ready: func() bool { n, _, _ := rt.index.Counts(); return n > 0 },
+		Ready: func() bool { n, _, _ := w.index.Counts(); return n > 0 },
 	})
 	if err != nil {
 		return fmt.Errorf("conntrack self-metrics: %w", err)
 	}
-	rt.exporter.Add("conntrack", poller)
-	rt.exporter.AddSource("conntrack", poller)
+	w.exporter.Add("conntrack", poller)
+	w.exporter.AddSource("conntrack", poller)
 	go poller.Run(ctx, *p.interval)
 	return nil
 }

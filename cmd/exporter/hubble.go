@@ -2,17 +2,14 @@ package main
 
 import (
 	"context"
-	"fmt"
-	"path/filepath"
 	"time"
 
 	"github.com/alecthomas/kingpin/v2"
 
 	"github.com/zonewatch/zonewatch/collector/hubble"
-	"github.com/zonewatch/zonewatch/sim"
 )
 
-func init() { register(&hubblePart{}) }
+func init() { register("hubble", &hubblePart{}) }
 
 // hubblePart follows Hubble flows: per-job policy drops and flow events.
 type hubblePart struct {
@@ -37,37 +34,26 @@ func (p *hubblePart) flags(cmd *kingpin.CmdClause) {
 	p.grace = flagOf(cmd, "hubble.series-grace", "How long the flow counters of a job that is gone are still exported before they are removed.").Default("5m").Duration()
 }
 
-func (p *hubblePart) start(ctx context.Context, rt *runtime) error {
-	if !*p.enabled {
-		rt.logger.Info("hubble source off")
-		return nil
-	}
-	cfg := hubble.Config{
+func (p *hubblePart) input(in *inputs) {
+	in.hubble = hubble.Config{
 		Address: *p.address,
 		TLS: hubble.TLSConfig{Enabled: *p.tls, CAFile: *p.tlsCA, CertFile: *p.tlsCert, KeyFile: *p.tlsKey,
 			ServerName: *p.tlsServerName},
-		Logger: rt.logger,
 	}
-	if rt.scenario != nil {
-		// The fake Observer serves this node's flows, or every node's like
-		// Relay when the node name is empty.
-		srv := sim.NewHubble(rt.scenario, rt.nodeName, 0)
-		sock := filepath.Join(rt.dir, "hubble.sock")
-		if err := srv.Start(sock); err != nil {
-			return fmt.Errorf("starting simulated hubble: %w", err)
-		}
-		go func() {
-			<-ctx.Done()
-			srv.Stop()
-		}()
-		go srv.Run(ctx, 250*time.Millisecond)
-		cfg.Address, cfg.TLS = "unix://"+sock, hubble.TLSConfig{}
+}
+
+func (p *hubblePart) start(ctx context.Context, w *wiring, in *inputs) error {
+	if !*p.enabled {
+		w.logger.Info("hubble source off")
+		return nil
 	}
-	agg := hubble.NewAggregator(rt.index, rt.nodeName, *p.grace, hubble.NewMetrics(rt.self))
+	cfg := in.hubble
+	cfg.Logger = w.logger
+	agg := hubble.NewAggregator(w.index, w.nodeName, *p.grace, hubble.NewMetrics(w.self))
 	client := hubble.NewClient(cfg, agg)
-	rt.exporter.Add("hubble", agg)
-	rt.exporter.AddSource("hubble", client)
+	w.exporter.Add("hubble", agg)
+	w.exporter.AddSource("hubble", client)
 	go client.Run(ctx)
-	rt.logger.Info("following hubble flows", "address", cfg.Address, "node", rt.nodeName)
+	w.logger.Info("following hubble flows", "address", cfg.Address, "node", w.nodeName)
 	return nil
 }

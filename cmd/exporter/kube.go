@@ -10,11 +10,7 @@ import (
 )
 
 // kubeClient builds a client from a kubeconfig or the in-cluster config.
-// Under --simulate it returns nil: the simulation supplies its own.
-func kubeClient(kubeconfig string, simulate bool) (kubernetes.Interface, error) {
-	if simulate {
-		return nil, nil
-	}
+func kubeClient(kubeconfig string) (kubernetes.Interface, error) {
 	var cfg *rest.Config
 	var err error
 	if kubeconfig != "" {

@@ -27,7 +27,6 @@ import (
 	"github.com/zonewatch/zonewatch/collector"
 	"github.com/zonewatch/zonewatch/collector/kube"
 	"github.com/zonewatch/zonewatch/topology"
-	"github.com/zonewatch/zonewatch/sim"
 )
 
 // defaultPort is outside 9100-9999, which the Prometheus default port
@@ -38,15 +37,23 @@ const defaultPort = "19420"
 // its own file and registers itself, so main stays thin.
 type part interface {
 	flags(cmd *kingpin.CmdClause)
-	start(ctx context.Context, rt *runtime) error
+	// input fills in, from the part's flags, what it reads on a real node.
+	input(in *inputs)
+	start(ctx context.Context, w *wiring, in *inputs) error
 }
 
-var parts []part
+type namedPart struct {
+	name string
+	part
+}
 
-func register(p part) { parts = append(parts, p) }
+var parts []namedPart
 
-// runtime is what a part gets to wire itself in.
-type runtime struct {
+// register adds a part; name is its component key in the logs.
+func register(name string, p part) { parts = append(parts, namedPart{name, p}) }
+
+// wiring is what a part plugs itself into.
+type wiring struct {
 	logger   *slog.Logger
 	index    *topology.Index
 	exporter *collector.Exporter
@@ -54,10 +61,6 @@ type runtime struct {
 	// reconnects, ...), kept apart from the job metrics.
 	self     prometheus.Registerer
 	nodeName string
-	// scenario is the simulated cluster under --simulate, else nil.
-	scenario *sim.Scenario
-	// dir is a private folder for simulation sockets.
-	dir string
 }
 
 // flagOf declares a flag that can also be set by ZONEWATCH_<NAME>.
@@ -143,41 +146,36 @@ func run(ctx context.Context, args []string) int {
 		}
 	}
 
-	rt := &runtime{logger: logger, index: topology.NewIndex(), nodeName: *o.nodeName}
-	rt.exporter = collector.New(logger)
+	w := &wiring{logger: logger, index: topology.NewIndex(), nodeName: *o.nodeName}
+	w.exporter = collector.New(logger)
 	selfReg := prometheus.NewRegistry()
 	selfReg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		versioncollector.NewCollector("zonewatch"))
-	rt.self = selfReg
+	w.self = selfReg
 	jobReg := prometheus.NewRegistry()
-	jobReg.MustRegister(rt.exporter)
+	jobReg.MustRegister(w.exporter)
 
-	client, err := kubeClient(*o.kubeconfig, *o.simulate)
-	if err != nil {
+	var in *inputs
+	if *o.simulate {
+		var stop func()
+		in, stop, err = simulate(ctx, o, logger)
+		if err != nil {
+			logger.Error("starting the simulated cluster", "err", err)
+			return 1
+		}
+		defer stop()
+	} else if in, err = realInputs(o); err != nil {
 		logger.Error("no Kubernetes cluster to watch", "err", err)
 		return 2
 	}
-	if *o.simulate {
-		rt.scenario = sim.Default()
-		dir, err := os.MkdirTemp("", "zonewatch-sim-")
-		if err != nil {
-			logger.Error("creating simulation folder", "err", err)
-			return 1
-		}
-		defer os.RemoveAll(dir)
-		rt.dir = dir
-		client = sim.Clientset(rt.scenario)
-		go sim.Churn(ctx, client, rt.scenario, 30*time.Second, logger)
-		logger.Info("running on the simulated cluster", "zones", len(rt.scenario.Zones), "nodes", len(rt.scenario.Nodes), "jobs", len(rt.scenario.Jobs))
-	}
 
-	live, factories, err := kube.NewLive(client, rt.index, rules, *o.resync, logger)
+	live, factories, err := kube.NewLive(in.kube, w.index, rules, *o.resync, logger)
 	if err != nil {
 		logger.Error("setting up informers", "err", err)
 		return 1
 	}
-	rt.exporter.AddSource("kubernetes", live)
-	rt.exporter.Add("placement", collector.NewPlacement(rt.index, rt.nodeName))
+	w.exporter.AddSource("kubernetes", live)
+	w.exporter.Add("placement", collector.NewPlacement(w.index, w.nodeName))
 	go func() {
 		if err := live.Run(ctx, factories); err != nil && ctx.Err() == nil {
 			logger.Error("kubernetes feed", "err", err)
@@ -185,8 +183,10 @@ func run(ctx context.Context, args []string) int {
 	}()
 
 	for _, p := range parts {
-		if err := p.start(ctx, rt); err != nil {
-			logger.Error("starting source", "err", err)
+		pw := *w
+		pw.logger = logger.With("component", p.name)
+		if err := p.start(ctx, &pw, in); err != nil {
+			logger.Error("starting source", "component", p.name, "err", err)
 			return 1
 		}
 	}
@@ -201,16 +201,16 @@ func run(ctx context.Context, args []string) int {
 	// as zonewatch_source_up 0, but does not make the pod unready: an
 	// unready pod drops out of a ServiceMonitor's endpoints, and the alert
 	// that should say why would lose its data.
-	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+	mux.HandleFunc("/readyz", func(rw http.ResponseWriter, _ *http.Request) {
 		if !live.Up() {
-			http.Error(w, "kubernetes informers not synced", http.StatusServiceUnavailable)
+			http.Error(rw, "kubernetes informers not synced", http.StatusServiceUnavailable)
 			return
 		}
-		if ok, down := rt.exporter.SourcesUp(); !ok {
-			fmt.Fprintln(w, "ready; sources down: "+strings.Join(down, ", "))
+		if ok, down := w.exporter.SourcesUp(); !ok {
+			fmt.Fprintln(rw, "ready; sources down: "+strings.Join(down, ", "))
 			return
 		}
-		fmt.Fprintln(w, "ready")
+		fmt.Fprintln(rw, "ready")
 	})
 	if *o.metricsURL != "/" {
 		landing, err := web.NewLandingPage(web.LandingConfig{

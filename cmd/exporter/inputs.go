@@ -1,0 +1,49 @@
+package main
+
+import (
+	"context"
+
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/zonewatch/zonewatch/collector/conntrack"
+	"github.com/zonewatch/zonewatch/collector/gpu"
+	"github.com/zonewatch/zonewatch/collector/hubble"
+)
+
+// inputs are the systems the exporter reads. They are built once, from the
+// flags on a real cluster (each part's input method and kubeClient) or by
+// simulate, and every part reads them the same way: no part knows which.
+type inputs struct {
+	kube kubernetes.Interface
+	// hubble is the Observer's address and TLS; the part adds the rest.
+	hubble hubble.Config
+	gpu    gpuInput
+	// conntrack opens Cilium's global CT maps.
+	conntrack conntrack.Source
+}
+
+// gpuInput is how the GPU part finds its source and the kubelet.
+type gpuInput struct {
+	// source is the --gpu.source value: none turns the part off, auto keeps
+	// probing when open finds nothing (a node whose GPU stack starts late).
+	source string
+	// open returns the GPU source to read and its name.
+	open func(context.Context, gpu.Options) (gpu.Source, string, error)
+	// podResources is the kubelet PodResources socket; empty exports GPUs
+	// without job labels.
+	podResources string
+}
+
+// realInputs builds the inputs of a real cluster from the flags.
+func realInputs(o *options) (*inputs, error) {
+	in := &inputs{}
+	for _, p := range parts {
+		p.input(in)
+	}
+	client, err := kubeClient(*o.kubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	in.kube = client
+	return in, nil
+}
