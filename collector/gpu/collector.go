@@ -16,6 +16,9 @@ var (
 	utilDesc = prometheus.NewDesc("zonewatch_gpu_utilization_ratio",
 		"GPU utilization 0..1 (DCGM GPU_UTIL; PROF_GR_ENGINE_ACTIVE for MIG instances), with the pod and training job it is allocated to; empty job labels when unallocated.",
 		labels, nil)
+	graphicsDesc = prometheus.NewDesc("zonewatch_gpu_graphics_engine_active_ratio",
+		"Fraction of time 0..1 the graphics or compute engine was active (DCGM PROF_GR_ENGINE_ACTIVE, on in dcgm-exporter's default counters; NVML GPM graphics utilization); only where the source has it.",
+		labels, nil)
 	smDesc = prometheus.NewDesc("zonewatch_gpu_sm_active_ratio",
 		"Fraction of time 0..1 at least one warp was resident on an SM, averaged over SMs (DCGM PROF_SM_ACTIVE, NVML GPM SM utilization); only where the source has it.",
 		labels, nil)
@@ -57,7 +60,7 @@ func NewCollector(samples Getter[[]Sample], allocs Getter[*Allocations], index I
 // Row is one exported GPU series: its labels and values.
 type Row struct {
 	Node, Zone, GPU, UUID, Namespace, JobName, Pod string
-	Util, SMActive, TensorActive                   float64
+	Util, GraphicsActive, SMActive, TensorActive   float64
 }
 
 // Join computes the rows for the current readings, appending to out. It
@@ -86,7 +89,7 @@ func (c *Collector) Join(out []Row) ([]Row, bool) {
 			zone, _, _ = c.index.NodeZone(node)
 			lastNode = node
 		}
-		r := Row{Node: node, Zone: zone, GPU: c.gpuLabel(s), UUID: s.UUID, Util: s.Util, SMActive: s.SMActive, TensorActive: s.TensorActive}
+		r := Row{Node: node, Zone: zone, GPU: c.gpuLabel(s), UUID: s.UUID, Util: s.Util, GraphicsActive: s.GraphicsActive, SMActive: s.SMActive, TensorActive: s.TensorActive}
 		pods := allocs.Lookup(s)
 		if len(pods) == 0 && s.Pod != "" {
 			out = append(out, c.withPod(r, PodRef{Namespace: s.Namespace, Pod: s.Pod}))
@@ -153,6 +156,7 @@ func (c *Collector) Update(ch chan<- prometheus.Metric) error {
 	for i := range rows {
 		r := &rows[i]
 		emit(ch, utilDesc, r.Util, r)
+		emit(ch, graphicsDesc, r.GraphicsActive, r)
 		emit(ch, smDesc, r.SMActive, r)
 		emit(ch, tensorDesc, r.TensorActive, r)
 	}

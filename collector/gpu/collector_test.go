@@ -57,16 +57,22 @@ func testAllocs() *Allocations {
 
 func testSamples() []Sample {
 	return []Sample{
-		{UUID: uuid0, Index: 0, GI: NoInstance, Util: 0.01, SMActive: 0, TensorActive: 0},
-		{UUID: uuid1, Index: 1, GI: NoInstance, Util: 0.96, SMActive: 0.12, TensorActive: NA},
-		{UUID: uuid2, Index: 2, GI: NoInstance, Util: 0, SMActive: NA, TensorActive: NA},
-		{UUID: uuid3, Index: 3, GI: 2, MIGUUID: mig0, Util: 0.5, SMActive: 0.4, TensorActive: 0.3},
+		{UUID: uuid0, Index: 0, GI: NoInstance, Util: 0.01, GraphicsActive: 0.02, SMActive: 0, TensorActive: 0},
+		{UUID: uuid1, Index: 1, GI: NoInstance, Util: 0.96, GraphicsActive: 0.97, SMActive: 0.12, TensorActive: NA},
+		{UUID: uuid2, Index: 2, GI: NoInstance, Util: 0, GraphicsActive: NA, SMActive: NA, TensorActive: NA},
+		{UUID: uuid3, Index: 3, GI: 2, MIGUUID: mig0, Util: 0.5, GraphicsActive: 0.5, SMActive: 0.4, TensorActive: 0.3},
 	}
 }
 
 func TestCollectorJoin(t *testing.T) {
 	c := NewCollector(fixed[[]Sample]{testSamples(), true}, fixed[*Allocations]{testAllocs(), true}, testIndex(), "gpu-a1")
 	want := `
+# HELP zonewatch_gpu_graphics_engine_active_ratio Fraction of time 0..1 the graphics or compute engine was active (DCGM PROF_GR_ENGINE_ACTIVE, on in dcgm-exporter's default counters; NVML GPM graphics utilization); only where the source has it.
+# TYPE zonewatch_gpu_graphics_engine_active_ratio gauge
+zonewatch_gpu_graphics_engine_active_ratio{gpu="0",job_name="llm",namespace="ml",node="gpu-a1",pod="llm-worker-0",uuid="GPU-00000001-0000-4000-8000-000000000000",zone="us-east-1a"} 0.02
+zonewatch_gpu_graphics_engine_active_ratio{gpu="1",job_name="",namespace="lab",node="gpu-a1",pod="notebook",uuid="GPU-00000001-0001-4000-8000-000000000001",zone="us-east-1a"} 0.97
+zonewatch_gpu_graphics_engine_active_ratio{gpu="1",job_name="bert",namespace="ml",node="gpu-a1",pod="bert-0",uuid="GPU-00000001-0001-4000-8000-000000000001",zone="us-east-1a"} 0.97
+zonewatch_gpu_graphics_engine_active_ratio{gpu="3/gi2",job_name="",namespace="ml",node="gpu-a1",pod="llm-worker-0-mig",uuid="GPU-00000001-0003-4000-8000-000000000003",zone="us-east-1a"} 0.5
 # HELP zonewatch_gpu_sm_active_ratio Fraction of time 0..1 at least one warp was resident on an SM, averaged over SMs (DCGM PROF_SM_ACTIVE, NVML GPM SM utilization); only where the source has it.
 # TYPE zonewatch_gpu_sm_active_ratio gauge
 zonewatch_gpu_sm_active_ratio{gpu="0",job_name="llm",namespace="ml",node="gpu-a1",pod="llm-worker-0",uuid="GPU-00000001-0000-4000-8000-000000000000",zone="us-east-1a"} 0

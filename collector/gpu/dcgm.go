@@ -245,15 +245,11 @@ func dcgmPlaces(gpus []dcgmGPU, h []dcgmMIG) (map[dcgmEntity]Sample, []dcgmEntit
 // activity of its own (its instances do), so it is left out when its
 // instances are present and it has no reading.
 func dcgmSamples(places map[dcgmEntity]Sample, order []dcgmEntity, at time.Time, util, prof []dcgmValue) []Sample {
-	type acc struct {
-		Sample
-		gr float64
-	}
-	accs := make(map[dcgmEntity]*acc, len(order))
+	accs := make(map[dcgmEntity]*Sample, len(order))
 	for _, e := range order {
 		s := places[e]
-		s.Util, s.SMActive, s.TensorActive, s.Time = NA, NA, NA, at
-		accs[e] = &acc{Sample: s, gr: NA}
+		s.Util, s.GraphicsActive, s.SMActive, s.TensorActive, s.Time = NA, NA, NA, NA, at
+		accs[e] = &s
 	}
 	for _, vs := range [][]dcgmValue{util, prof} {
 		for _, v := range vs {
@@ -266,7 +262,7 @@ func dcgmSamples(places map[dcgmEntity]Sample, order []dcgmEntity, at time.Time,
 			case dcgmFieldGPUUtil:
 				a.Util = ratio(x, 100)
 			case dcgmFieldGrEngineActive:
-				a.gr = ratio(x, 1)
+				a.GraphicsActive = ratio(x, 1)
 			case dcgmFieldSMActive:
 				a.SMActive = ratio(x, 1)
 			case dcgmFieldTensorActive:
@@ -283,11 +279,11 @@ func dcgmSamples(places map[dcgmEntity]Sample, order []dcgmEntity, at time.Time,
 	out := make([]Sample, 0, len(order))
 	for _, e := range order {
 		a := accs[e]
-		a.Util = utilization(a.Util, a.gr)
+		a.Util = utilization(a.Util, a.GraphicsActive)
 		if !a.MIG() && hasInstances[a.UUID] && isNaN(a.Util) && isNaN(a.SMActive) && isNaN(a.TensorActive) {
 			continue
 		}
-		out = append(out, a.Sample)
+		out = append(out, *a)
 	}
 	return normalize(out)
 }

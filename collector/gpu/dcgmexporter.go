@@ -2,11 +2,13 @@ package gpu
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"math"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -71,11 +73,18 @@ func (d *DCGMExporter) Read(ctx context.Context) ([]Sample, error) {
 	return ss, nil
 }
 
+// ErrNoGPUSeries: a dcgm-exporter page has series, but none that names a
+// GPU's utilization the way zonewatch reads it. Read wraps it with the
+// reason (1.x names, a counters CSV without the fields, no UUID labels).
+var ErrNoGPUSeries = errors.New("dcgm-exporter page has no GPU utilization series")
+
 // ParseDCGMExporter reads a dcgm-exporter page in the Prometheus text
 // format. It accepts the label spellings of every dcgm-exporter release
-// (UUID or uuid, Hostname or hostname), converts GPU_UTIL from percent,
-// and drops values out of range (DCGM blank sentinels). skipped counts
-// series with no UUID, which cannot be placed on a GPU.
+// (UUID or uuid, Hostname or hostname, pod or pod_name), converts GPU_UTIL
+// from percent, and drops values out of range (DCGM blank sentinels).
+// skipped counts series with no UUID, which cannot be placed on a GPU. A
+// page with series but no GPU sample is ErrNoGPUSeries with the reason; an
+// empty page is no GPUs.
 func ParseDCGMExporter(r io.Reader, at time.Time) (samples []Sample, skipped int, err error) {
 	p := expfmt.NewTextParser(model.UTF8Validation)
 	fams, err := p.TextToMetricFamilies(r)
@@ -86,22 +95,17 @@ func ParseDCGMExporter(r io.Reader, at time.Time) (samples []Sample, skipped int
 		uuid string
 		gi   int
 	}
-	// gr is PROF_GR_ENGINE_ACTIVE, the utilization of a MIG instance.
-	type acc struct {
-		Sample
-		gr float64
-	}
-	byGPU := map[key]*acc{}
+	byGPU := map[key]*Sample{}
 	var order []key
 	for _, f := range []struct {
 		name  string
 		scale float64
-		set   func(*acc, float64)
+		set   func(*Sample, float64)
 	}{
-		{metricGPUUtil, 100, func(s *acc, v float64) { s.Util = v }},
-		{metricGrEngActive, 1, func(s *acc, v float64) { s.gr = v }},
-		{metricSMActive, 1, func(s *acc, v float64) { s.SMActive = v }},
-		{metricTensorActive, 1, func(s *acc, v float64) { s.TensorActive = v }},
+		{metricGPUUtil, 100, func(s *Sample, v float64) { s.Util = v }},
+		{metricGrEngActive, 1, func(s *Sample, v float64) { s.GraphicsActive = v }},
+		{metricSMActive, 1, func(s *Sample, v float64) { s.SMActive = v }},
+		{metricTensorActive, 1, func(s *Sample, v float64) { s.TensorActive = v }},
 	} {
 		fam := fams[f.name]
 		for _, m := range fam.GetMetric() {
@@ -121,9 +125,9 @@ func ParseDCGMExporter(r io.Reader, at time.Time) (samples []Sample, skipped int
 				if n, err := strconv.Atoi(first(l, "gpu")); err == nil && n >= 0 {
 					idx = n
 				}
-				s = &acc{Sample: Sample{UUID: uuid, Index: idx, GI: k.gi, Node: first(l, "Hostname", "hostname"),
-					Util: NA, SMActive: NA, TensorActive: NA, Time: at,
-					Namespace: first(l, "namespace"), Pod: first(l, "pod")}, gr: NA}
+				s = &Sample{UUID: uuid, Index: idx, GI: k.gi, Device: first(l, "device"), Node: first(l, "Hostname", "hostname"),
+					Util: NA, GraphicsActive: NA, SMActive: NA, TensorActive: NA, Time: at,
+					Namespace: first(l, "namespace", "pod_namespace"), Pod: first(l, "pod", "pod_name")}
 				byGPU[k] = s
 				order = append(order, k)
 			}
@@ -133,10 +137,45 @@ func ParseDCGMExporter(r io.Reader, at time.Time) (samples []Sample, skipped int
 	samples = make([]Sample, 0, len(order))
 	for _, k := range order {
 		s := byGPU[k]
-		s.Util = utilization(s.Util, s.gr)
-		samples = append(samples, s.Sample)
+		// DCGM has no GPU_UTIL for a MIG instance: its engine activity is
+		// its utilization.
+		s.Util = utilization(s.Util, s.GraphicsActive)
+		samples = append(samples, *s)
+	}
+	if len(samples) == 0 {
+		if err := noGPUSeries(fams, skipped); err != nil {
+			return nil, skipped, err
+		}
 	}
 	return normalize(samples), skipped, nil
+}
+
+// noGPUSeries says why a page with series yields no GPU sample; nil for a
+// page without series (a dcgm-exporter that sees no GPU).
+func noGPUSeries(fams map[string]*dto.MetricFamily, skipped int) error {
+	var old, fields, total int
+	for name, f := range fams {
+		n := len(f.GetMetric())
+		total += n
+		switch {
+		case strings.HasPrefix(name, "dcgm_"):
+			old += n
+		case strings.HasPrefix(name, "DCGM_FI_"):
+			fields += n
+		}
+	}
+	switch {
+	case total == 0:
+		return nil
+	case skipped > 0:
+		return fmt.Errorf("%w: its %d utilization series carry no UUID label", ErrNoGPUSeries, skipped)
+	case old > 0 && fields == 0:
+		return fmt.Errorf("%w: it has %d series in dcgm-exporter's 1.x naming (dcgm_*: --use-old-namespace or the 1.x-compatibility counters CSV); run dcgm-exporter with its default DCGM_FI_* names", ErrNoGPUSeries, old)
+	case fields > 0:
+		return fmt.Errorf("%w: its counters CSV has none of %s, %s, %s, %s (%d other DCGM_FI_* series); use dcgm-exporter's default counters or add them", ErrNoGPUSeries,
+			metricGPUUtil, metricGrEngActive, metricSMActive, metricTensorActive, fields)
+	}
+	return fmt.Errorf("%w: none of its %d series is a DCGM field; is this a dcgm-exporter page?", ErrNoGPUSeries, total)
 }
 
 func labelsOf(m *dto.Metric) map[string]string {

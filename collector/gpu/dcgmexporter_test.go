@@ -3,6 +3,7 @@ package gpu
 import (
 	"bytes"
 	"context"
+	"errors"
 	"math"
 	"net/http"
 	"net/http/httptest"
@@ -45,7 +46,7 @@ func TestParseDCGMExporterRealPages(t *testing.T) {
 				t.Fatalf("%d samples, want one GPU: %+v", len(ss), ss)
 			}
 			s := ss[0]
-			if s.Index != 0 || s.MIG() || !inRange(s.Util) {
+			if s.Index != 0 || s.MIG() || !inRange(s.Util) || s.Device != "nvidia0" {
 				t.Errorf("sample %+v: want GPU 0, whole, utilization in 0..1", s)
 			}
 			w, ok := want[filepath.Base(f)]
@@ -95,7 +96,7 @@ func TestParseDCGMExporterPage(t *testing.T) {
 		t.Fatalf("%d samples, want 4: %+v", len(ss), ss)
 	}
 	g0, g1, mig1, mig2 := ss[0], ss[1], ss[2], ss[3]
-	if g0.UUID != "GPU-aaaaaaaa-0000-4000-8000-000000000000" || g0.Util != 0.96 || g0.SMActive != 0.12 || g0.TensorActive != 0.05 ||
+	if g0.UUID != "GPU-aaaaaaaa-0000-4000-8000-000000000000" || g0.Util != 0.96 || g0.GraphicsActive != 0.95 || g0.SMActive != 0.12 || g0.TensorActive != 0.05 ||
 		g0.Node != "gpu-a1" || g0.Namespace != "ml" || g0.Pod != "llm-worker-0" {
 		t.Errorf("GPU 0 = %+v", g0)
 	}
@@ -107,6 +108,62 @@ func TestParseDCGMExporterPage(t *testing.T) {
 	}
 	if mig2.GI != 2 || !math.IsNaN(mig2.Util) {
 		t.Errorf("MIG 2/2 = %+v; want the blank sentinel dropped", mig2)
+	}
+}
+
+func readPage(t *testing.T, name string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join("testdata", name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// The 4.x page with the default counters: graphics-engine activity is the
+// signal there (SM_ACTIVE is off in every counters CSV dcgm-exporter ships).
+func TestParseDCGMExporter4xDefaultCountersWithMIG(t *testing.T) {
+	ss, skipped, err := ParseDCGMExporter(bytes.NewReader(readPage(t, "dcgm-exporter-4.x-mig.txt")), time.Unix(1, 0))
+	if err != nil || skipped != 0 {
+		t.Fatalf("parse: %v (skipped %d)", err, skipped)
+	}
+	if len(ss) != 3 {
+		t.Fatalf("%d samples, want GPU 0 and two MIG instances of GPU 1: %+v", len(ss), ss)
+	}
+	g0, mig1, mig2 := ss[0], ss[1], ss[2]
+	if g0.UUID != "GPU-5f0a3c9e-1b2d-4e6f-8a7b-9c0d1e2f3a4b" || g0.Index != 0 || g0.Device != "nvidia0" || g0.MIG() ||
+		g0.Util != 0.87 || g0.GraphicsActive != 0.912345 || g0.TensorActive != 0.431 || !math.IsNaN(g0.SMActive) ||
+		g0.Node != "gpu-node-1" || g0.Namespace != "ml" || g0.Pod != "llm-worker-0" {
+		t.Errorf("GPU 0 = %+v", g0)
+	}
+	if mig1.GI != 1 || mig1.Index != 1 || mig1.Device != "nvidia1" || mig1.Util != 0.25 || mig1.GraphicsActive != 0.25 ||
+		mig1.TensorActive != 0.12 || mig1.Pod != "llm-eval-0" {
+		t.Errorf("MIG 1/gi1 = %+v; want utilization from GR_ENGINE_ACTIVE", mig1)
+	}
+	if mig2.GI != 2 || mig2.Util != 0 || mig2.Pod != "" {
+		t.Errorf("MIG 1/gi2 = %+v", mig2)
+	}
+}
+
+func TestParseDCGMExporterNoGPUSeriesIsAnError(t *testing.T) {
+	for name, tc := range map[string]struct {
+		page, reason string
+	}{
+		"old namespace": {string(readPage(t, "dcgm-exporter-old-namespace.txt")), "1.x naming"},
+		"counters CSV without utilization": {"# TYPE DCGM_FI_DEV_FB_USED gauge\n" +
+			`DCGM_FI_DEV_FB_USED{gpu="0",UUID="GPU-5f0a3c9e-1b2d-4e6f-8a7b-9c0d1e2f3a4b"} 1` + "\n", "counters CSV has none of"},
+		"no UUID label": {`DCGM_FI_DEV_GPU_UTIL{gpu="0"} 5` + "\n", "no UUID label"},
+		"not dcgm-exporter": {"go_goroutines 12\n", "is this a dcgm-exporter page"},
+	} {
+		_, _, err := ParseDCGMExporter(strings.NewReader(tc.page), time.Unix(0, 0))
+		if !errors.Is(err, ErrNoGPUSeries) || !strings.Contains(err.Error(), tc.reason) {
+			t.Errorf("%s: err %v, want ErrNoGPUSeries saying %q", name, err, tc.reason)
+		}
+	}
+	// A dcgm-exporter that sees no GPU renders only HELP and TYPE lines.
+	ss, _, err := ParseDCGMExporter(strings.NewReader("# HELP DCGM_FI_DEV_GPU_UTIL GPU utilization (in %).\n# TYPE DCGM_FI_DEV_GPU_UTIL gauge\n"), time.Unix(0, 0))
+	if err != nil || len(ss) != 0 {
+		t.Errorf("page without series: %v, %v; want no GPUs and no error", ss, err)
 	}
 }
 

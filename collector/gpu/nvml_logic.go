@@ -42,7 +42,7 @@ func gpmRatios(rs []gpmResult) (graphics, sm, tensor float64) {
 // device. NVML has no utilization rate for a MIG device, so its
 // utilization is GPM graphics activity, as PROF_GR_ENGINE_ACTIVE is in DCGM.
 func nvmlSample(uuid string, index int, util float64, mig string, gi int, graphics, sm, tensor float64) Sample {
-	s := Sample{UUID: uuid, Index: index, GI: NoInstance, Util: util, SMActive: sm, TensorActive: tensor}
+	s := Sample{UUID: uuid, Index: index, GI: NoInstance, Util: util, GraphicsActive: graphics, SMActive: sm, TensorActive: tensor}
 	if mig != "" {
 		s.GI, s.MIGUUID = gi, mig
 		s.Util = NA

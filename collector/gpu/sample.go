@@ -24,6 +24,10 @@ type Sample struct {
 	UUID string
 	// Index is the GPU's NVML index (the gpu label); -1 when unknown.
 	Index int
+	// Device is the GPU's device node name, nvidia<minor> (/dev/nvidiaN),
+	// which GKE's device plugin names devices by; empty when unknown (the
+	// NVML index stands in).
+	Device string
 	// GI is the MIG GPU instance id; NoInstance for a whole GPU.
 	GI int
 	// MIGUUID is the MIG device's UUID (MIG-...) when the source knows it.
@@ -31,8 +35,11 @@ type Sample struct {
 	// Node is the host the source names; used only when the exporter
 	// serves every node (no --node-name).
 	Node string
-	// Util, SMActive and TensorActive are 0..1, NA when unavailable.
-	Util, SMActive, TensorActive float64
+	// Util, GraphicsActive, SMActive and TensorActive are 0..1, NA when
+	// unavailable. GraphicsActive is DCGM PROF_GR_ENGINE_ACTIVE (NVML GPM
+	// graphics utilization): on in dcgm-exporter's default counters, where
+	// SM_ACTIVE is not.
+	Util, GraphicsActive, SMActive, TensorActive float64
 	// Namespace and Pod are the source's own attribution (a dcgm-exporter
 	// with its Kubernetes mapping on), used only when PodResources has none.
 	Namespace, Pod string
