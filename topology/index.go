@@ -66,18 +66,21 @@ type Node struct {
 
 // Pod is the part of a job pod the index keeps.
 type Pod struct {
-	Namespace   string
-	Name        string
-	Node        string // empty until scheduled
-	IPs         []netip.Addr
-	Finished    bool // phase Succeeded or Failed
+	Namespace string
+	Name      string
+	Node      string // empty until scheduled
+	IPs       []netip.Addr
+	Finished  bool // phase Succeeded or Failed
+	// Terminating: the pod has a deletionTimestamp. The Job controller
+	// starts its replacement at once (KEP-3939), so it is not placed.
+	Terminating bool
 	HostNetwork bool
 	Identity    Identity
 }
 
-// Scheduled reports whether the pod counts for placement: bound to a node
-// and not finished.
-func (p *Pod) Scheduled() bool { return p.Node != "" && !p.Finished }
+// Scheduled reports whether the pod counts for placement: bound to a node,
+// not finished and not terminating.
+func (p *Pod) Scheduled() bool { return p.Node != "" && !p.Finished && !p.Terminating }
 
 type podKey struct{ namespace, name string }
 type jobKey struct{ namespace, name string }
@@ -93,7 +96,28 @@ type podRec struct {
 type jobRec struct {
 	Job
 	pods map[podKey]*podRec
+	// coordinators counts live pods that coordinate by name or label; while
+	// there is one, rank-0 guesses are workers.
+	coordinators int
+	minPods      int // the largest MinPods of its pods
 }
+
+// explicitCoordinator reports whether the pod is a live coordinator by name or label.
+func (p *Pod) explicitCoordinator() bool {
+	return p.Identity.Role == RoleCoordinator && !p.Identity.Guess && !p.Finished && !p.Terminating
+}
+
+// role is the pod's role within its job: a rank-0 guess yields to a
+// coordinator by name or label.
+func (j *jobRec) role(p *podRec) string {
+	if p.Identity.Guess && j.coordinators > 0 {
+		return RoleWorker
+	}
+	return p.Identity.Role
+}
+
+// training reports whether the job has the pods its rule asks for.
+func (j *jobRec) training() bool { return len(j.pods) >= j.minPods }
 
 type nodeRec struct {
 	Node
@@ -208,6 +232,10 @@ func (x *Index) UpsertPod(source int, p Pod) {
 	}
 	j.pods[k] = rec
 	rec.job = j
+	if p.explicitCoordinator() {
+		j.coordinators++
+	}
+	j.minPods = max(j.minPods, p.Identity.MinPods)
 	if !p.Finished && !p.HostNetwork {
 		for _, a := range p.IPs {
 			x.podIPs[a.Unmap()] = rec
@@ -242,6 +270,9 @@ func (x *Index) removePodLocked(rec *podRec) {
 	}
 	if j := rec.job; j != nil {
 		delete(j.pods, k)
+		if rec.explicitCoordinator() {
+			j.coordinators--
+		}
 		if len(j.pods) == 0 {
 			delete(x.jobs, jobKey{j.Namespace, j.Name})
 		}
@@ -299,9 +330,9 @@ func (x *Index) NodeZone(name string) (zone, region string, ok bool) {
 }
 
 func (x *Index) podEndpointLocked(rec *podRec) Endpoint {
-	e := Endpoint{Namespace: rec.Namespace, Pod: rec.Name, Node: rec.Node, Zone: UnknownZone, Role: rec.Identity.Role}
-	if rec.job != nil {
-		e.Job = &rec.job.Job
+	e := Endpoint{Namespace: rec.Namespace, Pod: rec.Name, Node: rec.Node, Zone: UnknownZone}
+	if j := rec.job; j != nil && j.training() {
+		e.Job, e.Role = &j.Job, j.role(rec)
 	}
 	if n := x.nodes[rec.Node]; n != nil {
 		e.Zone, e.Region = n.zone, n.Region
@@ -343,6 +374,9 @@ func (x *Index) Placements(node string) []JobPlacement {
 	defer x.mu.RUnlock()
 	var out []JobPlacement
 	for _, j := range x.jobs {
+		if !j.training() {
+			continue
+		}
 		local := node == ""
 		for _, p := range j.pods {
 			if p.Scheduled() && p.Node == node {
@@ -362,7 +396,7 @@ func (x *Index) Placements(node string) []JobPlacement {
 			if n := x.nodes[p.Node]; n != nil {
 				zone = n.zone
 			}
-			jp.Pods = append(jp.Pods, PodPlacement{Pod: p.Name, Role: p.Identity.Role, ReplicaType: p.Identity.ReplicaType, Node: p.Node, Zone: zone})
+			jp.Pods = append(jp.Pods, PodPlacement{Pod: p.Name, Role: j.role(p), ReplicaType: p.Identity.ReplicaType, Node: p.Node, Zone: zone})
 			if zone != UnknownZone && !slices.Contains(jp.Zones, zone) {
 				jp.Zones = append(jp.Zones, zone)
 			}

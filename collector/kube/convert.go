@@ -55,16 +55,19 @@ func NodeFrom(n *corev1.Node) topology.Node {
 // PodFrom converts a Kubernetes pod, identifying its job with rules. A pod
 // of no job has an empty Identity.Name.
 func PodFrom(rules []topology.Rule, p *corev1.Pod) topology.Pod {
-	owners := make([]topology.Owner, 0, len(p.OwnerReferences))
-	for _, o := range p.OwnerReferences {
-		owners = append(owners, topology.Owner{Kind: o.Kind, Controller: o.Controller != nil && *o.Controller})
-	}
-	id, _ := topology.Identify(rules, p.Labels, owners)
+	return PodWithOwners(rules, nil, p)
+}
+
+// PodWithOwners is PodFrom resolving the pod's top owner through owners
+// (nil: the pod's own controller reference only).
+func PodWithOwners(rules []topology.Rule, owners topology.Owners, p *corev1.Pod) topology.Pod {
+	id, _ := topology.Identify(rules, PodMeta(p), owners)
 	out := topology.Pod{
 		Namespace:   p.Namespace,
 		Name:        p.Name,
 		Node:        p.Spec.NodeName,
 		Finished:    p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed,
+		Terminating: p.DeletionTimestamp != nil,
 		HostNetwork: p.Spec.HostNetwork,
 		Identity:    id,
 	}
@@ -78,6 +81,15 @@ func PodFrom(rules []topology.Rule, p *corev1.Pod) topology.Pod {
 		}
 	}
 	return out
+}
+
+// PodMeta is what identity reads of a pod.
+func PodMeta(p *corev1.Pod) topology.PodMeta {
+	m := topology.PodMeta{Namespace: p.Namespace, Labels: p.Labels, Annotations: p.Annotations, Hostname: p.Spec.Hostname}
+	if o := metav1.GetControllerOfNoCopy(p); o != nil {
+		m.Owner = &topology.OwnerRef{APIVersion: o.APIVersion, Kind: o.Kind, Name: o.Name}
+	}
+	return m
 }
 
 // StripNode keeps only what NodeFrom reads, so the informer cache of 5,000
@@ -105,23 +117,21 @@ func StripNode(obj any) (any, error) {
 	return out, nil
 }
 
-// PodStripper returns an informer transform that keeps only the labels the
-// job rules read, owner kinds, node, IPs, phase and hostNetwork.
+// PodStripper returns an informer transform that keeps only what identity
+// and placement read: the labels the job rules read (and the annotation of
+// such a key where the label is absent, e.g. an old pod's completion
+// index), the controller owner reference, spec.hostname where a
+// coordinator-hostname label needs it, deletionTimestamp, node, IPs, phase
+// and hostNetwork.
 func PodStripper(rules []topology.Rule) func(any) (any, error) {
 	keep := map[string]bool{}
+	for _, k := range topology.Keys(rules) {
+		keep[k] = true
+	}
+	var hostLabels []string
 	for _, r := range rules {
-		keep[r.NameLabel] = true
-		for _, l := range r.RoleLabels {
-			keep[l] = true
-		}
-		for _, l := range r.RankZeroLabels {
-			keep[l] = true
-		}
-		if r.CoordinatorLabel != "" {
-			keep[r.CoordinatorLabel] = true
-		}
-		if r.OperatorLabel != "" {
-			keep[r.OperatorLabel] = true
+		if r.CoordinatorHostLabel != "" {
+			hostLabels = append(hostLabels, r.CoordinatorHostLabel)
 		}
 	}
 	return func(obj any) (any, error) {
@@ -135,18 +145,31 @@ func PodStripper(rules []topology.Rule) func(any) (any, error) {
 				labels[k] = v
 			}
 		}
+		var annotations map[string]string
+		for k, v := range p.Annotations {
+			if _, isLabel := p.Labels[k]; keep[k] && !isLabel {
+				if annotations == nil {
+					annotations = make(map[string]string, 1)
+				}
+				annotations[k] = v
+			}
+		}
 		var owners []metav1.OwnerReference
-		for _, o := range p.OwnerReferences {
-			if o.Controller != nil && *o.Controller {
-				owners = append(owners, metav1.OwnerReference{Kind: o.Kind, Name: o.Name, Controller: o.Controller})
+		if o := metav1.GetControllerOfNoCopy(p); o != nil {
+			owners = []metav1.OwnerReference{{APIVersion: o.APIVersion, Kind: o.Kind, Name: o.Name, Controller: o.Controller}}
+		}
+		spec := corev1.PodSpec{NodeName: p.Spec.NodeName, HostNetwork: p.Spec.HostNetwork}
+		for _, l := range hostLabels {
+			if _, ok := p.Labels[l]; ok {
+				spec.Hostname = p.Spec.Hostname
 			}
 		}
 		return &corev1.Pod{
 			ObjectMeta: metav1.ObjectMeta{
-				Namespace: p.Namespace, Name: p.Name, Labels: labels, OwnerReferences: owners,
-				ResourceVersion: p.ResourceVersion, UID: p.UID,
+				Namespace: p.Namespace, Name: p.Name, Labels: labels, Annotations: annotations, OwnerReferences: owners,
+				ResourceVersion: p.ResourceVersion, UID: p.UID, DeletionTimestamp: p.DeletionTimestamp,
 			},
-			Spec:   corev1.PodSpec{NodeName: p.Spec.NodeName, HostNetwork: p.Spec.HostNetwork},
+			Spec:   spec,
 			Status: corev1.PodStatus{Phase: p.Status.Phase, PodIP: p.Status.PodIP, PodIPs: p.Status.PodIPs},
 		}, nil
 	}
