@@ -152,7 +152,7 @@ func TestParseDCGMExporterNoGPUSeriesIsAnError(t *testing.T) {
 		"old namespace": {string(readPage(t, "dcgm-exporter-old-namespace.txt")), "1.x naming"},
 		"counters CSV without utilization": {"# TYPE DCGM_FI_DEV_FB_USED gauge\n" +
 			`DCGM_FI_DEV_FB_USED{gpu="0",UUID="GPU-5f0a3c9e-1b2d-4e6f-8a7b-9c0d1e2f3a4b"} 1` + "\n", "counters CSV has none of"},
-		"no UUID label": {`DCGM_FI_DEV_GPU_UTIL{gpu="0"} 5` + "\n", "no UUID label"},
+		"no UUID label":     {`DCGM_FI_DEV_GPU_UTIL{gpu="0"} 5` + "\n", "no UUID label"},
 		"not dcgm-exporter": {"go_goroutines 12\n", "is this a dcgm-exporter page"},
 	} {
 		_, _, err := ParseDCGMExporter(strings.NewReader(tc.page), time.Unix(0, 0))

@@ -16,13 +16,25 @@ import (
 // NVMLBuiltIn reports whether this binary has the NVML adapter.
 const NVMLBuiltIn = true
 
+// gpmMinInterval is the least time between the two GPM samples a metric is
+// computed from ("should be greater than 100ms", nvml.h on nvmlGpmMetricsGet).
+const gpmMinInterval = 100 * time.Millisecond
+
+// gpmPairGap is what a first read waits between a device's two samples:
+// more than the minimum, as NVML asks.
+const gpmPairGap = gpmMinInterval + 10*time.Millisecond
+
 // nvmlSource reads utilization rates and, on GPUs with GPM (Hopper and
-// newer), SM and tensor activity from NVML. GPM metrics are computed
-// between two samples, so they appear from the second read on.
+// newer), graphics, SM and tensor activity from NVML. GPM metrics are
+// computed between two samples: a read that meets a device for the first
+// time samples it twice, gpmMinInterval apart, so even the first reading
+// has them.
 type nvmlSource struct {
 	lib    nvml.Interface
 	logger *slog.Logger
 	now    func() time.Time
+	sleep  func(time.Duration)
+	fresh  bool // a device got its first GPM sample in this pass
 
 	mu  sync.Mutex
 	gpm map[string]*gpmState // by GPU or MIG UUID
@@ -31,8 +43,9 @@ type nvmlSource struct {
 // gpmState is a device's previous and current GPM samples.
 type gpmState struct {
 	prev, cur nvml.GpmSample
-	primed    bool // prev holds a sample
-	seen      bool // touched in this read
+	at        time.Time // when prev was taken
+	primed    bool      // prev holds a sample
+	seen      bool      // touched in this read
 }
 
 // openNVML loads libnvidia-ml (dlopen) and checks that it sees a GPU.
@@ -53,19 +66,37 @@ func newNVMLSource(lib nvml.Interface, logger *slog.Logger) (*nvmlSource, error)
 		lib.Shutdown()
 		return nil, errors.New("nvml: no GPUs")
 	}
-	return &nvmlSource{lib: lib, logger: logger, now: time.Now, gpm: map[string]*gpmState{}}, nil
+	return &nvmlSource{lib: lib, logger: logger, now: time.Now, sleep: time.Sleep, gpm: map[string]*gpmState{}}, nil
 }
 
 // Read implements Source.
 func (s *nvmlSource) Read(context.Context) ([]Sample, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	for _, g := range s.gpm {
+		g.seen = false
+	}
+	s.fresh = false
+	out, err := s.readAll()
+	if err == nil && s.fresh {
+		// New GPM devices (first read, MIG reconfigured): their first
+		// sample pair, NVML's minimum apart, gives this read its metrics.
+		s.sleep(gpmPairGap)
+		out, err = s.readAll()
+	}
+	for k, g := range s.gpm {
+		if !g.seen { // MIG reconfigured: the device is gone
+			g.free()
+			delete(s.gpm, k)
+		}
+	}
+	return out, err
+}
+
+func (s *nvmlSource) readAll() ([]Sample, error) {
 	n, ret := s.lib.DeviceGetCount()
 	if ret != nvml.SUCCESS {
 		return nil, fmt.Errorf("nvml: counting GPUs: %w", ret)
-	}
-	for _, g := range s.gpm {
-		g.seen = false
 	}
 	at := s.now()
 	var out []Sample
@@ -82,12 +113,6 @@ func (s *nvmlSource) Read(context.Context) ([]Sample, error) {
 		for _, x := range ss {
 			x.Time = at
 			out = append(out, x)
-		}
-	}
-	for k, g := range s.gpm {
-		if !g.seen { // MIG reconfigured: the device is gone
-			g.free()
-			delete(s.gpm, k)
 		}
 	}
 	if len(out) == 0 && firstErr != nil {
@@ -170,12 +195,18 @@ func (s *nvmlSource) gpmRead(key string, get func(nvml.GpmSample) nvml.Return) (
 		s.gpm[key] = g
 	}
 	g.seen = true
+	now := s.now()
 	if ret := get(g.cur); ret != nvml.SUCCESS {
 		g.primed = false
 		return NA, NA, NA
 	}
 	graphics, sm, tensor = NA, NA, NA
-	if g.primed {
+	if !g.primed {
+		s.fresh = true
+	} else if now.Sub(g.at) < gpmMinInterval {
+		// Too close to prev for a valid metric: keep prev, drop this one.
+		return NA, NA, NA
+	} else {
 		mg := &nvml.GpmMetricsGetType{NumMetrics: uint32(len(gpmMetricIDs)), Sample1: g.prev, Sample2: g.cur}
 		for k, id := range gpmMetricIDs {
 			mg.Metrics[k].MetricId = id
@@ -189,7 +220,7 @@ func (s *nvmlSource) gpmRead(key string, get func(nvml.GpmSample) nvml.Return) (
 			graphics, sm, tensor = gpmRatios(rs)
 		}
 	}
-	g.prev, g.cur, g.primed = g.cur, g.prev, true
+	g.prev, g.cur, g.primed, g.at = g.cur, g.prev, true, now
 	return graphics, sm, tensor
 }
 

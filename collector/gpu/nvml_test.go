@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"math"
 	"testing"
+	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
@@ -122,6 +123,10 @@ func TestNVMLSourceWithGoNVMLMock(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	clock := time.Unix(1000, 0)
+	var slept []time.Duration
+	s.now = func() time.Time { return clock }
+	s.sleep = func(d time.Duration) { slept = append(slept, d); clock = clock.Add(d) }
 	ctx := context.Background()
 	ss, err := s.Read(ctx)
 	if err != nil {
@@ -130,7 +135,6 @@ func TestNVMLSourceWithGoNVMLMock(t *testing.T) {
 	if len(ss) != 4 {
 		t.Fatalf("%d samples, want GPU 0, two MIG devices of GPU 1, GPU 2: %+v", len(ss), ss)
 	}
-	// First read: GPM needs two samples, so only utilization rates.
 	byKey := func(ss []Sample) map[string]Sample {
 		m := map[string]Sample{}
 		for _, x := range ss {
@@ -142,13 +146,28 @@ func TestNVMLSourceWithGoNVMLMock(t *testing.T) {
 		}
 		return m
 	}
+	// First read: GPM needs a sample pair at least 100 ms apart (NVML's
+	// nvmlGpmMetricsGet, go-nvml v0.13 pkg/nvml/nvml.h), taken in this read.
 	first := byKey(ss)
-	if g := first[nvU0]; g.Util != 0.87 || !math.IsNaN(g.SMActive) || g.Index != 0 {
-		t.Errorf("GPU 0, first read = %+v", g)
+	if len(slept) != 1 || slept[0] <= 100*time.Millisecond || slept[0] > 200*time.Millisecond {
+		t.Errorf("first read slept %v, want once just over 100ms between the GPM samples", slept)
 	}
-	if m := first[nvM1]; m.UUID != nvU1 || m.Index != 1 || m.GI != 1 || !math.IsNaN(m.Util) {
-		t.Errorf("MIG 1, first read = %+v; want parent UUID and index, instance 1, no utilization yet", m)
+	if g := first[nvU0]; g.Util != 0.87 || g.GraphicsActive != 0.90 || g.SMActive != 0.45 || g.Index != 0 {
+		t.Errorf("GPU 0, first read = %+v; want GPM metrics already", g)
 	}
+	if m := first[nvM1]; m.UUID != nvU1 || m.Index != 1 || m.GI != 1 || m.Util != 0.40 {
+		t.Errorf("MIG 1, first read = %+v; want parent UUID and index, instance 1, utilization from GPM", m)
+	}
+	// A read too soon after the last sample has no valid GPM metric.
+	clock = clock.Add(50 * time.Millisecond)
+	ss, err = s.Read(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g := byKey(ss)[nvU0]; !math.IsNaN(g.SMActive) || g.Util != 0.87 {
+		t.Errorf("GPU 0, 50ms later = %+v; want no GPM metric, utilization rate kept", g)
+	}
+	clock = clock.Add(10 * time.Second)
 	ss, err = s.Read(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -165,6 +184,9 @@ func TestNVMLSourceWithGoNVMLMock(t *testing.T) {
 	}
 	if g := second[nvU2]; g.Util != 0.03 || !math.IsNaN(g.SMActive) || !math.IsNaN(g.TensorActive) {
 		t.Errorf("GPU 2 (no GPM) = %+v", g)
+	}
+	if len(slept) != 1 {
+		t.Errorf("later reads slept: %v", slept)
 	}
 	if f.allocated != 6 {
 		t.Errorf("allocated %d GPM samples, want 2 per GPM device (3)", f.allocated)
