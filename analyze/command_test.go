@@ -124,10 +124,10 @@ func TestJSONShape(t *testing.T) {
 	}
 }
 
-// TestReadmeSection fails when a flag or a JSON field is missing from
-// the README.
-func TestReadmeSection(t *testing.T) {
-	b, err := os.ReadFile("../README.md")
+// TestDocumented fails when a flag or a JSON field is missing from
+// docs/analyze.md, or its example is not the golden report.
+func TestDocumented(t *testing.T) {
+	b, err := os.ReadFile("../docs/analyze.md")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -136,7 +136,7 @@ func TestReadmeSection(t *testing.T) {
 	AddCommand(app, nil, nil)
 	for _, f := range app.GetCommand("analyze").Model().Flags {
 		if !strings.Contains(doc, "`--"+f.Name) {
-			t.Errorf("flag --%s is not in README.md", f.Name)
+			t.Errorf("flag --%s is not in docs/analyze.md", f.Name)
 		}
 	}
 	// The example is the golden text report.
@@ -145,12 +145,12 @@ func TestReadmeSection(t *testing.T) {
 		t.Fatal(err)
 	}
 	if !strings.Contains(doc, string(report)) {
-		t.Errorf("README.md's example is not testdata/blocked/report.txt")
+		t.Errorf("docs/analyze.md's example is not testdata/blocked/report.txt")
 	}
 	for _, f := range []string{"namespace", "job_name", "job_kind", "zones", "split_zone", "coordinator_zones", "policy_drops",
 		"denying_policies", "flow_events", "gpu_utilization", "verdict", "suggested_fix", "flows_read", "bad_lines", "unresolved_flows"} {
 		if !strings.Contains(doc, "`"+f+"`") {
-			t.Errorf("field %s is not in README.md", f)
+			t.Errorf("field %s is not in docs/analyze.md", f)
 		}
 	}
 }

@@ -18,25 +18,26 @@ import (
 	"github.com/prometheus/common/model"
 )
 
-func readme(t *testing.T) string {
-	b, err := os.ReadFile("../../README.md")
+// doc reads a file of docs/.
+func doc(t *testing.T, name string) string {
+	b, err := os.ReadFile("../../docs/" + name)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return string(b)
 }
 
-// TestFlagsDocumented fails when a (non-hidden) flag is missing from the
-// README's flag tables.
+// TestFlagsDocumented fails when a (non-hidden) flag is missing from
+// docs/flags.md.
 func TestFlagsDocumented(t *testing.T) {
-	doc := readme(t)
+	doc := doc(t, "flags.md")
 	_, serve, _ := newApp()
 	for _, f := range serve.Model().Flags {
 		if f.Hidden {
 			continue // test hooks, not for users
 		}
 		if !strings.Contains(doc, "`--"+f.Name+"`") {
-			t.Errorf("flag --%s is not in the README", f.Name)
+			t.Errorf("flag --%s is not in docs/flags.md", f.Name)
 		}
 	}
 }
@@ -94,7 +95,7 @@ var tableMetric = regexp.MustCompile("(?m)^\\| `(zonewatch_[a-z_]+)`")
 
 // TestSimulatedExporter runs the whole exporter on the simulated cluster
 // (what `make run` does) and checks that every exported metric is in the
-// README's metric table and every metric there is exported.
+// metric table of docs/metrics.md and every metric there is exported.
 func TestSimulatedExporter(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs the simulated exporter")
@@ -116,7 +117,7 @@ func TestSimulatedExporter(t *testing.T) {
 	}()
 
 	documented := map[string]bool{}
-	for _, m := range tableMetric.FindAllStringSubmatch(readme(t), -1) {
+	for _, m := range tableMetric.FindAllStringSubmatch(doc(t, "metrics.md"), -1) {
 		documented[m[1]] = true
 	}
 	var want []string
@@ -129,12 +130,12 @@ func TestSimulatedExporter(t *testing.T) {
 	})
 	for name := range fams {
 		if strings.HasPrefix(name, "zonewatch_") && !documented[name] {
-			t.Errorf("%s is exported but not in the README metric table", name)
+			t.Errorf("%s is exported but not in the metric table of docs/metrics.md", name)
 		}
 	}
 	for _, name := range want {
 		if fams[name] == nil {
-			t.Errorf("%s is in the README metric table but the simulated exporter does not export it", name)
+			t.Errorf("%s is in the metric table of docs/metrics.md but the simulated exporter does not export it", name)
 		}
 	}
 
