@@ -115,6 +115,13 @@ func (t Tuple) Ingress() bool { return t.Flags&tupleIn != 0 }
 // own (its counters repeat those of the connection's entry).
 func (t Tuple) Service() bool { return t.Flags&tupleSvc != 0 }
 
+// Related reports an ICMP entry (TUPLE_F_RELATED) that ct_create4/6 writes
+// next to a new connection's entry so ICMP errors about it pass; up to 1.15
+// it is a copy of the connection's entry, counters included
+// (bpf/lib/conntrack.h ct_create4, v1.15.19), so counting it would count
+// the connection's first packet twice.
+func (t Tuple) Related() bool { return t.Flags&tupleRel != 0 }
+
 // Value is the part of a struct ct_entry the reader uses, by offset; what
 // Word0/Word1 and Packets/Bytes mean depends on the Layout.
 type Value struct {
@@ -123,6 +130,10 @@ type Value struct {
 	Lifetime       uint32
 	TxFlagsSeen    uint8
 	RxFlagsSeen    uint8
+	// SrcSecID (offset 44, "do not change offset!" in every version) is the
+	// security identity of the packet that created the entry; on ingress
+	// entries, the opener's.
+	SrcSecID uint32
 }
 
 // ErrLayout reports a map whose key or value size matches no known Cilium
@@ -204,6 +215,7 @@ func decodeValue(b []byte) Value {
 		Lifetime:    ne.Uint32(b[32:36]),
 		TxFlagsSeen: b[42],
 		RxFlagsSeen: b[43],
+		SrcSecID:    ne.Uint32(b[44:48]),
 	}
 }
 
@@ -217,7 +229,8 @@ func AppendValue(dst []byte, v Value) []byte {
 	dst = ne.AppendUint64(dst, v.Bytes)
 	dst = ne.AppendUint32(dst, v.Lifetime)
 	dst = append(dst, 0, 0, 0, 0, 0, 0, v.TxFlagsSeen, v.RxFlagsSeen)
-	return append(dst, make([]byte, ValueSize-44)...)
+	dst = ne.AppendUint32(dst, v.SrcSecID)
+	return append(dst, make([]byte, ValueSize-48)...)
 }
 
 // Evidence is what one entry says about the layout. Both layouts are 56
@@ -229,7 +242,8 @@ func AppendValue(dst []byte, v Value) []byte {
 //   - combined: words 0/1 are zero (reserved, backend_id of service
 //     entries only) or a NAT address, never a packets/bytes pair.
 //
-// Service entries say nothing (both layouts store a backend id there).
+// Service entries say nothing (both layouts store a backend id there), nor
+// do related (ICMP) entries.
 type Evidence uint8
 
 const (
@@ -248,7 +262,7 @@ func plausible(packets, bytes uint64) bool {
 // Classify returns what an entry with key flags and value v says about
 // the layout.
 func Classify(flags uint8, v Value) Evidence {
-	if flags&tupleSvc != 0 || !plausible(v.Packets, v.Bytes) {
+	if flags&(tupleSvc|tupleRel) != 0 || !plausible(v.Packets, v.Bytes) {
 		return EvidenceNone
 	}
 	if plausible(v.Word0, v.Word1) {

@@ -136,7 +136,7 @@ func TestDecodeValueSplit(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := Value{Word0: 3, Word1: 210, Packets: 5, Bytes: 7300, Lifetime: 21600, TxFlagsSeen: 0x1a, RxFlagsSeen: 0x12}
+	want := Value{Word0: 3, Word1: 210, Packets: 5, Bytes: 7300, Lifetime: 21600, TxFlagsSeen: 0x1a, RxFlagsSeen: 0x12, SrcSecID: 4242}
 	if v != want {
 		t.Fatalf("DecodeValue = %+v, want %+v", v, want)
 	}
@@ -156,7 +156,7 @@ func TestDecodeValueCombined(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := Value{Packets: 8, Bytes: 7510, Lifetime: 21600, TxFlagsSeen: 0x1a, RxFlagsSeen: 0x12}
+	want := Value{Packets: 8, Bytes: 7510, Lifetime: 21600, TxFlagsSeen: 0x1a, RxFlagsSeen: 0x12, SrcSecID: 4242}
 	if v != want {
 		t.Fatalf("DecodeValue = %+v, want %+v", v, want)
 	}

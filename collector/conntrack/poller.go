@@ -13,6 +13,9 @@ import (
 	"io/fs"
 	"log/slog"
 	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -40,7 +43,8 @@ type Config struct {
 	Node string
 	// Layout forces a ct_entry layout; LayoutAuto decides from entries.
 	Layout Layout
-	// Maps to read; nil reads MapNames.
+	// Maps to read; nil reads MapNames and, when the source is a Lister,
+	// the per-endpoint maps of ConntrackLocal (LocalMap).
 	Maps []string
 	// Grace keeps the series of a job that is gone (default 5m).
 	Grace  time.Duration
@@ -50,6 +54,9 @@ type Config struct {
 	// Ready reports whether the index is filled (informers synced); until
 	// it is, growth is held rather than attributed to nobody. Nil: ready.
 	Ready func() bool
+	// CiliumVersion, when known ("1.16.3"), narrows the advice on turning
+	// accounting on to that version; otherwise the layout decides it.
+	CiliumVersion string
 }
 
 // maxBytesPerSecond bounds a plausible delta: 100 GB/s is more than any
@@ -57,8 +64,15 @@ type Config struct {
 // (cilium counters have been seen wrapped, castai/egressd#19) and skipped.
 const maxBytesPerSecond = 100e9
 
-// minVotes entries must agree (90%) before the layout is decided.
-const minVotes = 8
+// minVotes entries must agree (90%) before a map's layout is decided; a
+// decided layout changes only when changeVotes young entries (created
+// since) agree at 95% on the other one, as after a 1.15 -> 1.16 upgrade
+// that kept the map (same 56-byte value).
+const (
+	minVotes    = 8
+	changeVotes = 64
+	maxWindow   = 256
+)
 
 // Down reasons, also the log keys.
 const (
@@ -75,16 +89,81 @@ const (
 
 var errorReasons = []string{reasonAbsent, reasonPermission, reasonOpen, reasonLayout, reasonRead, reasonImplausible}
 
-// advice is what an operator should change, logged once per state change.
+// advice is what an operator should change, logged once per state change;
+// accounting_off is EnableAdvice.
 var advice = map[string]string{
 	reasonAbsent:     "no Cilium conntrack map found: is Cilium running on this node, is the host's /sys/fs/bpf mounted into the exporter (hostPath, mountPropagation HostToContainer), and does --conntrack.bpffs-path point at Cilium's tc/globals folder?",
 	reasonPermission: "not allowed to read BPF maps: run the exporter as root with capability BPF (SYS_ADMIN on kernels before 5.8)",
 	reasonOpen:       "opening a conntrack map failed",
 	reasonLayout:     "a conntrack map has a layout this exporter does not know (a newer Cilium?): no bytes are counted from it",
 	reasonRead:       "reading a conntrack map failed; counts from the other maps continue",
-	reasonAccounting: "Cilium's conntrack accounting is off (every byte counter is zero): set the Helm value bpf.ctAccounting=true (agent flag --bpf-conntrack-accounting) and restart the Cilium agents; no bytes are counted until then",
 	reasonUndecided:  "cannot yet tell Cilium's ct_entry layout from the entries; no bytes are counted until it can: set --conntrack.layout=combined (Cilium 1.16 and later) or split (before 1.16) to decide",
 	reasonAmbiguous:  "the entries disagree about Cilium's ct_entry layout; set --conntrack.layout=combined (Cilium 1.16 and later) or split (before 1.16)",
+}
+
+// How to turn accounting on, by Cilium version (checked in each version's
+// daemon/cmd/daemon_main.go, pkg/option and Helm chart).
+const (
+	// 1.14/1.15: the agent sets ConntrackAccounting on at start
+	// (daemon_main.go: Opts.SetBool(option.ConntrackAccounting, true)).
+	adviceUpTo115 = "Cilium 1.14/1.15 counts by default, so someone turned it off at run time: run `cilium-dbg config ConntrackAccounting=Enabled` (Cilium 1.14: `cilium config ...`) in every cilium agent pod, or restart the agents"
+	// 1.16: SetBool(option.ConntrackAccounting, false), no flag, no value.
+	advice116 = "Cilium 1.16 has no flag or Helm value for it: run `cilium-dbg config ConntrackAccounting=Enabled` in every cilium agent pod; the agent turns it off again whenever it restarts, so repeat it after each restart (or upgrade to 1.17)"
+	// 1.17+: --bpf-conntrack-accounting (cilium#34921, #35142), Helm
+	// bpf.ctAccounting; the 1.18+ chart writes the ConfigMap value as "1".
+	advice117 = "Cilium 1.17 and later: set the Helm value bpf.ctAccounting=true (agent flag --bpf-conntrack-accounting; ConfigMap key bpf-conntrack-accounting, \"true\" in 1.17, \"1\" from 1.18) and restart the Cilium agents"
+)
+
+// EnableAdvice says how to turn Cilium's conntrack accounting on: for
+// version when it is known ("1.16.3", "v1.17.0"), else for the layout the
+// maps have (split: 1.14/1.15; combined: 1.16 and later), else for all.
+func EnableAdvice(version string, layout Layout) string {
+	const tail = "; no bytes are counted until then"
+	minor := ciliumMinor(version)
+	switch {
+	case minor >= 14 && minor <= 15:
+		return adviceUpTo115 + tail
+	case minor == 16:
+		return advice116 + tail
+	case minor >= 17:
+		return advice117 + tail
+	case layout == LayoutSplit:
+		return adviceUpTo115 + tail
+	case layout == LayoutCombined:
+		return advice116 + ". " + advice117 + tail
+	}
+	return adviceUpTo115 + ". " + advice116 + ". " + advice117 + tail
+}
+
+// ciliumMinor returns the minor version of a 1.x version string, or -1.
+func ciliumMinor(v string) int {
+	v = strings.TrimPrefix(v, "v")
+	major, rest, ok := strings.Cut(v, ".")
+	if !ok || major != "1" {
+		return -1
+	}
+	minor, _, _ := strings.Cut(rest, ".")
+	n, err := strconv.Atoi(minor)
+	if err != nil {
+		return -1
+	}
+	return n
+}
+
+// Reserved security identities of host networking (pkg/identity
+// numericidentity.go, v1.20.2; unchanged since 1.x): the local host, a
+// remote node, a node running kube-apiserver. A connection opened from
+// one of them has no CT entry on the opener's side (Cilium conntracks host
+// traffic only with its host firewall), so in the combined layout the
+// acceptor's ingress entry is the only one that holds its bytes.
+const (
+	identityHost          = 1
+	identityRemoteNode    = 6
+	identityKubeAPIServer = 7
+)
+
+func hostIdentity(id uint32) bool {
+	return id == identityHost || id == identityRemoteNode || id == identityKubeAPIServer
 }
 
 // Unattributed reasons.
@@ -106,19 +185,27 @@ func (k bytesKey) LabelValues() []string {
 }
 
 type pending struct {
-	tuple Tuple
-	bytes uint64
-	limit uint64
+	tuple  Tuple
+	bytes  uint64
+	limit  uint64
+	secID  uint32
+	layout Layout
 }
 
 // pollStats is what one poll saw, for the accounting and layout checks.
 type pollStats struct {
-	entries  int       // non-service entries
-	out      int       // of which opened here (TUPLE_F_OUT)
-	counting int       // of which with a non-zero packets or bytes counter
-	votes    [3]uint64 // by Evidence
-	resets   int
-	deleted  int
+	entries  int // connection entries (no service or related ones)
+	counting int // of which with a non-zero counter
+	// on / off: evidence that accounting is on now (a counter grew, a
+	// young entry counted its first packet) or off (a young entry without
+	// the counts its creation would have set).
+	on, off   int
+	resets    int
+	deleted   int
+	undecided bool // a map with entries has no layout yet
+	ambiguous bool
+	local     int // per-endpoint (ConntrackLocal) maps read
+	localN    int // their entries
 }
 
 // Poller reads the conntrack maps every interval and keeps the per-job byte
@@ -136,33 +223,43 @@ type Poller struct {
 	tables  map[string]*tableState
 	epoch   uint32
 	pending []pending
-	layout  Layout // decided (or forced) layout; LayoutAuto while unknown
-	window  [3]uint64
-	ambig   bool
-	// contradicted: a forced layout was seen contradicted (logged once).
-	contradicted bool
-	reason       string // why down, "" when up or before the first poll
-	polled       bool
+	names   []string // maps of this poll
+	// layout is the last layout decided for any map (or the forced one):
+	// maps without a decision of their own use it, as the same datapath
+	// writes them all.
+	layout     Layout
+	accountOff bool
+	localSeen  bool   // per-endpoint maps reported
+	reason     string // why down, "" when up or before the first poll
+	polled     bool
 
 	m selfMetrics
 }
 
 type selfMetrics struct {
-	errors       *prometheus.CounterVec
-	entries      *prometheus.GaugeVec
-	deleted      prometheus.Counter
-	resets       prometheus.Counter
-	unattributed *prometheus.CounterVec
-	duration     prometheus.Gauge
-	layout       *prometheus.GaugeVec
+	errors        *prometheus.CounterVec
+	entries       *prometheus.GaugeVec
+	maxEntries    *prometheus.GaugeVec
+	deleted       prometheus.Counter
+	resets        prometheus.Counter
+	unattributed  *prometheus.CounterVec
+	duration      prometheus.Gauge
+	layout        *prometheus.GaugeVec
+	layoutChanges *prometheus.CounterVec
 }
+
+// localMapLabel is the map label of the per-endpoint maps, summed: one
+// series per endpoint would grow with the pods.
+const localMapLabel = "per_endpoint"
 
 func newSelfMetrics() selfMetrics {
 	m := selfMetrics{
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "zonewatch_conntrack_errors_total",
 			Help: "Conntrack map reads that failed, by reason: absent (no map at all), permission, open, layout (unknown ct_entry layout), read, implausible (a delta above 100 GB/s, skipped)."}, []string{"reason"}),
 		entries: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "zonewatch_conntrack_entries",
-			Help: "Entries read from each Cilium conntrack map in the last poll."}, []string{"map"}),
+			Help: "Entries read from each Cilium conntrack map in the last poll (map=\"per_endpoint\": all ConntrackLocal maps together)."}, []string{"map"}),
+		maxEntries: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "zonewatch_conntrack_map_max_entries",
+			Help: "Size of each Cilium conntrack map (it follows node memory with bpf-map-dynamic-size-ratio); a full LRU map evicts entries, and their last bytes are not counted."}, []string{"map"}),
 		deleted: prometheus.NewCounter(prometheus.CounterOpts{Name: "zonewatch_conntrack_deleted_entries_total",
 			Help: "Conntrack entries that disappeared between two polls; bytes they moved after the earlier poll were not counted."}),
 		resets: prometheus.NewCounter(prometheus.CounterOpts{Name: "zonewatch_conntrack_counter_resets_total",
@@ -173,6 +270,8 @@ func newSelfMetrics() selfMetrics {
 			Help: "Time the last conntrack poll took."}),
 		layout: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "zonewatch_conntrack_layout_info",
 			Help: "The Cilium ct_entry layout in use (1): split (before 1.16), combined (1.16 and later) or auto (not decided yet)."}, []string{"layout"}),
+		layoutChanges: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "zonewatch_conntrack_layout_changes_total",
+			Help: "Times a map's decided ct_entry layout was changed because the entries created since said otherwise (e.g. a Cilium upgrade from 1.15 to 1.16 that kept the map)."}, []string{"map"}),
 	}
 	for _, r := range errorReasons {
 		m.errors.WithLabelValues(r)
@@ -184,14 +283,11 @@ func newSelfMetrics() selfMetrics {
 }
 
 func (m selfMetrics) collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.errors, m.entries, m.deleted, m.resets, m.unattributed, m.duration, m.layout}
+	return []prometheus.Collector{m.errors, m.entries, m.maxEntries, m.deleted, m.resets, m.unattributed, m.duration, m.layout, m.layoutChanges}
 }
 
 // New returns a poller over src. It registers its own metrics on cfg.Self.
 func New(src Source, idx Index, cfg Config) (*Poller, error) {
-	if cfg.Maps == nil {
-		cfg.Maps = MapNames
-	}
 	if cfg.Grace == 0 {
 		cfg.Grace = 5 * time.Minute
 	}
@@ -246,6 +342,45 @@ func (p *Poller) Run(ctx context.Context, interval time.Duration) {
 	}
 }
 
+// LocalMap reports whether name is a per-endpoint CT map, which Cilium
+// 1.14-1.17 creates for endpoints with the (deprecated, opt-in) option
+// ConntrackLocal: the global map's name with the endpoint ID in 5 digits
+// instead of "global" (pkg/maps/ctmap/ctmap.go and bpf.LocalMapName,
+// v1.14.0-v1.17.0; removed in 1.18). Same key and value layout.
+func LocalMap(name string) bool {
+	for _, prefix := range [...]string{"cilium_ct4_", "cilium_ct6_", "cilium_ct_any4_", "cilium_ct_any6_"} {
+		if id, ok := strings.CutPrefix(name, prefix); ok && len(id) == 5 {
+			for _, c := range id {
+				if c < '0' || c > '9' {
+					return false
+				}
+			}
+			return true
+		}
+	}
+	return false
+}
+
+// mapNames returns the maps to read this poll: the configured ones, or the
+// global ones plus every per-endpoint map the source lists.
+func (p *Poller) mapNames() []string {
+	if p.cfg.Maps != nil {
+		return p.cfg.Maps
+	}
+	p.names = append(p.names[:0], MapNames...)
+	if l, ok := p.src.(Lister); ok {
+		names, err := l.List()
+		if err == nil {
+			for _, n := range names {
+				if LocalMap(n) {
+					p.names = append(p.names, n)
+				}
+			}
+		}
+	}
+	return p.names
+}
+
 // Poll reads every map once and adds the byte deltas since the previous
 // poll.
 func (p *Poller) Poll(now time.Time) {
@@ -259,10 +394,13 @@ func (p *Poller) Poll(now time.Time) {
 	present, failed := 0, 0
 	var failReason string
 	var failErr error
-	for _, name := range p.cfg.Maps {
+	names := p.mapNames()
+	for _, name := range names {
 		t, err := p.src.Open(name)
 		if errors.Is(err, fs.ErrNotExist) {
+			delete(p.tables, name)
 			p.m.entries.DeleteLabelValues(name)
+			p.m.maxEntries.DeleteLabelValues(name)
 			continue
 		}
 		present++
@@ -282,23 +420,31 @@ func (p *Poller) Poll(now time.Time) {
 			}
 		}
 	}
+	p.forgetGone(names)
+	p.reportLocal(st)
 	p.m.deleted.Add(float64(st.deleted))
 	p.m.resets.Add(float64(st.resets))
 
-	// Deltas are counted unless accounting is off or the layout unknown;
-	// a map that failed midway still gives what was read before the failure.
+	// Accounting is decided from what changed: a counter that grew, or a
+	// young entry with counts, says on; young entries without the counts
+	// their creation sets, or nothing but zero counters, say off. Frozen
+	// counters (accounting turned off keeps the last values) say nothing.
+	switch {
+	case st.on > 0:
+		p.accountOff = false
+	case st.off > 0, st.entries > 0 && st.counting == 0:
+		p.accountOff = true
+	}
+	// Deltas are counted unless accounting is off or a layout unknown; a
+	// map that failed midway still gives what was read before the failure.
 	reason := ""
-	if st.entries > 0 && st.counting == 0 && (st.out > 0 || p.layout == LayoutCombined) {
+	switch {
+	case p.accountOff:
 		reason = reasonAccounting
-	} else {
-		p.decideLayout(st.votes)
-		// Without entries there is nothing to count, so nothing to decide.
-		if p.layout == LayoutAuto && st.entries > 0 {
-			reason = reasonUndecided
-			if p.ambig {
-				reason = reasonAmbiguous
-			}
-		}
+	case st.ambiguous:
+		reason = reasonAmbiguous
+	case st.undecided:
+		reason = reasonUndecided
 	}
 	if reason == "" {
 		p.count()
@@ -312,6 +458,33 @@ func (p *Poller) Poll(now time.Time) {
 	}
 	p.setState(reason, failErr)
 	p.m.duration.Set(time.Since(start).Seconds())
+}
+
+// forgetGone drops the state of maps no longer listed (an endpoint's map
+// goes with the endpoint).
+func (p *Poller) forgetGone(names []string) {
+	if len(p.tables) <= len(names) {
+		return
+	}
+	for name := range p.tables {
+		if !slices.Contains(names, name) {
+			delete(p.tables, name)
+		}
+	}
+}
+
+// reportLocal exports the per-endpoint maps' entries and logs once that
+// they are read.
+func (p *Poller) reportLocal(st pollStats) {
+	if st.local == 0 {
+		p.m.entries.DeleteLabelValues(localMapLabel)
+		return
+	}
+	p.m.entries.WithLabelValues(localMapLabel).Set(float64(st.localN))
+	if !p.localSeen {
+		p.localSeen = true
+		p.log.Info("per-endpoint conntrack maps found (Cilium ConntrackLocal, 1.14-1.17): reading them too", "maps", st.local)
+	}
 }
 
 func errReason(err error) string {
@@ -329,12 +502,31 @@ func errReason(err error) string {
 
 var errRead = errors.New("conntrack map read failed")
 
-// read walks one map: baselines, deltas, and the evidence for the checks.
-func (p *Poller) read(name string, t Table, now time.Time, st *pollStats) error {
+// table returns the state of a map, new when the map was recreated.
+func (p *Poller) table(name string, t Table) *tableState {
+	var id uint64
+	if i, ok := t.(interface{ MapID() uint64 }); ok {
+		id = i.MapID()
+	}
 	ts := p.tables[name]
+	if ts != nil && id != 0 && ts.id != 0 && id != ts.id {
+		p.log.Info("conntrack map recreated: its entries are read as new baselines and its layout decided again", "map", name)
+		ts = nil
+	}
 	if ts == nil {
 		ts = newTableState()
+		ts.id = id
+		ts.layout = p.cfg.Layout
 		p.tables[name] = ts
+	}
+	return ts
+}
+
+// read walks one map: baselines, deltas, and the evidence for the checks.
+func (p *Poller) read(name string, t Table, now time.Time, st *pollStats) error {
+	ts := p.table(name, t)
+	if m, ok := t.(interface{ MaxEntries() uint32 }); ok && !LocalMap(name) {
+		p.m.maxEntries.WithLabelValues(name).Set(float64(m.MaxEntries()))
 	}
 	var limit uint64 = maxBytesPerSecond
 	if last := ts.last; !last.IsZero() {
@@ -342,80 +534,183 @@ func (p *Poller) read(name string, t Table, now time.Time, st *pollStats) error 
 			limit = uint64(s * maxBytesPerSecond)
 		}
 	}
+	layout := ts.layout
+	if layout == LayoutAuto {
+		layout = p.layout
+	}
 	// Until the layout is known and the index filled, growth is held in
 	// the baselines rather than dropped, and counted once they are.
-	epoch, n := p.epoch, 0
-	hold := p.layout == LayoutAuto || (p.cfg.Ready != nil && !p.cfg.Ready())
+	epoch, n, entries := p.epoch, 0, 0
+	hold := layout == LayoutAuto || (p.cfg.Ready != nil && !p.cfg.Ready())
+	voteAll := ts.layout == LayoutAuto || p.cfg.Layout != LayoutAuto
 	err := t.Each(func(key, val []byte) {
 		n++
 		flags := keyFlags(key)
-		if flags&tupleSvc != 0 {
+		if flags&(tupleSvc|tupleRel) != 0 {
 			return
 		}
 		v := decodeValue(val)
-		st.entries++
-		if flags&tupleIn == 0 {
-			st.out++
-		}
-		if v.Packets != 0 || v.Bytes != 0 {
+		entries++
+		if v.Packets != 0 || v.Bytes != 0 || plausible(v.Word0, v.Word1) {
 			st.counting++
 		}
-		st.votes[Classify(flags, v)]++
-		delta, o := ts.observe(key, v.Bytes, epoch, hold)
-		if o == obsReset {
+		ev := Classify(flags, v)
+		if voteAll {
+			ts.window[ev]++
+		}
+		delta, o, young := ts.observe(key, v.Bytes, epoch, hold)
+		switch o {
+		case obsReset:
 			st.resets++
+			fallthrough
+		case obsFresh:
+			ts.young[ev]++
+		case obsGrown:
+			st.on++
+		}
+		if young && o != obsGrown {
+			// Counts set at creation say on once, at first sight: they
+			// stay when accounting is turned off afterwards.
+			switch accountingEvidence(v, layout) {
+			case acctOn:
+				if o == obsFresh || o == obsReset {
+					st.on++
+				}
+			case acctOff:
+				st.off++
+			}
 		}
 		if delta == 0 {
 			return
 		}
 		tu, _ := DecodeKey(key)
-		p.pending = append(p.pending, pending{tuple: tu, bytes: delta, limit: limit})
+		p.pending = append(p.pending, pending{tuple: tu, bytes: delta, limit: limit, secID: v.SrcSecID, layout: layout})
 	})
+	st.entries += entries
 	if err != nil {
 		return fmt.Errorf("%w: %w", errRead, err)
 	}
 	st.deleted += ts.complete(epoch, now)
-	p.m.entries.WithLabelValues(name).Set(float64(n))
+	if LocalMap(name) {
+		st.local++
+		st.localN += n
+	} else {
+		p.m.entries.WithLabelValues(name).Set(float64(n))
+	}
+	p.decideLayout(name, ts)
+	if entries > 0 && ts.layout == LayoutAuto && p.layout == LayoutAuto {
+		st.undecided = true
+		st.ambiguous = st.ambiguous || ts.ambig
+	}
 	return nil
 }
 
-// decideLayout adds a poll's evidence to the window and decides once
-// minVotes entries mostly (90%) agree. A forced layout never changes, but
-// entries that clearly contradict it are logged once.
-func (p *Poller) decideLayout(votes [3]uint64) {
-	p.window[EvidenceSplit] += votes[EvidenceSplit]
-	p.window[EvidenceCombined] += votes[EvidenceCombined]
-	total := p.window[EvidenceSplit] + p.window[EvidenceCombined]
-	if total < minVotes {
-		return
-	}
-	for _, c := range [...]struct {
-		ev Evidence
-		l  Layout
-	}{{EvidenceSplit, LayoutSplit}, {EvidenceCombined, LayoutCombined}} {
-		if p.window[c.ev]*10 < total*9 {
-			continue
-		}
+// acct is what one young entry says about accounting.
+type acct uint8
+
+const (
+	acctNone acct = iota
+	acctOn
+	acctOff
+)
+
+// accountingEvidence tells what a young entry (created while the exporter
+// watched) says about accounting: its creation sets the first packet's
+// counts when accounting is on (ct_create4/6 in bpf/lib/conntrack.h):
+// combined (1.16+) sets packets=1 only with accounting, split (1.14/1.15)
+// sets one side's first packet always but adds later packets only with it.
+func accountingEvidence(v Value, layout Layout) acct {
+	zero := v.Packets == 0 && v.Bytes == 0 && !plausible(v.Word0, v.Word1)
+	switch layout {
+	case LayoutSplit:
+		pkts := v.Word0 + v.Packets
 		switch {
-		case p.cfg.Layout != LayoutAuto:
-			if c.l != p.cfg.Layout && !p.contradicted {
-				p.contradicted = true
-				p.log.Warn("--conntrack.layout contradicts the conntrack entries; bytes may be misattributed",
-					"layout", p.cfg.Layout.String(), "entries_look", c.l.String())
-			}
-		case p.layout != c.l:
-			p.log.Info("conntrack layout decided from the entries", "layout", c.l.String(),
-				"split_votes", p.window[EvidenceSplit], "combined_votes", p.window[EvidenceCombined])
-			p.m.layout.Reset()
-			p.m.layout.WithLabelValues(c.l.String()).Set(1)
-			p.layout = c.l
+		case pkts > 1:
+			return acctOn
+		case v.TxFlagsSeen != 0 && v.RxFlagsSeen != 0:
+			// A TCP handshake went both ways, yet one packet counted.
+			return acctOff
 		}
-		p.window, p.ambig = [3]uint64{}, false
+	case LayoutCombined:
+		if v.Packets > 0 {
+			return acctOn
+		}
+		return acctOff
+	default:
+		if zero {
+			return acctOff // no layout leaves every counter at zero
+		}
+	}
+	return acctNone
+}
+
+// verdict returns the layout that at least pct% of votes (and at least
+// min) agree on.
+func verdict(votes [3]uint64, min, pct uint64) (Layout, bool) {
+	total := votes[EvidenceSplit] + votes[EvidenceCombined]
+	switch {
+	case total < min:
+	case votes[EvidenceSplit]*100 >= total*pct:
+		return LayoutSplit, true
+	case votes[EvidenceCombined]*100 >= total*pct:
+		return LayoutCombined, true
+	}
+	return LayoutAuto, false
+}
+
+// decideLayout decides a map's layout once: from the entries created
+// while the exporter watched when enough of them vote, else from all
+// entries (minVotes at 90%). A decided layout changes only when
+// changeVotes entries created since agree at 95% on the other one; a
+// change is logged and counted. A forced layout never changes, but
+// entries that clearly contradict it are logged once.
+func (p *Poller) decideLayout(name string, ts *tableState) {
+	if p.cfg.Layout != LayoutAuto {
+		if l, ok := verdict(ts.window, minVotes, 90); ok && l != p.cfg.Layout && !ts.contradicted {
+			ts.contradicted = true
+			p.log.Warn("--conntrack.layout contradicts the conntrack entries; bytes may be misattributed",
+				"map", name, "layout", p.cfg.Layout.String(), "entries_look", l.String())
+		}
+		if ts.window[EvidenceSplit]+ts.window[EvidenceCombined] >= maxWindow {
+			ts.window = [3]uint64{}
+		}
 		return
 	}
-	if total >= 256 {
-		p.ambig = p.layout == LayoutAuto
-		p.window = [3]uint64{}
+	if ts.layout == LayoutAuto {
+		l, ok := verdict(ts.young, minVotes, 90)
+		if !ok {
+			l, ok = verdict(ts.window, minVotes, 90)
+		}
+		if !ok {
+			if ts.window[EvidenceSplit]+ts.window[EvidenceCombined] >= maxWindow {
+				ts.ambig, ts.window = true, [3]uint64{}
+			}
+			return
+		}
+		p.log.Info("conntrack layout decided from the entries", "map", name, "layout", l.String(),
+			"split_votes", ts.window[EvidenceSplit]+ts.young[EvidenceSplit], "combined_votes", ts.window[EvidenceCombined]+ts.young[EvidenceCombined])
+		p.setLayout(ts, l)
+		return
+	}
+	if l, ok := verdict(ts.young, changeVotes, 95); ok && l != ts.layout {
+		p.log.Warn("conntrack layout changed: the entries created since say otherwise (Cilium upgraded or downgraded across 1.16?)",
+			"map", name, "was", ts.layout.String(), "layout", l.String(),
+			"split_votes", ts.young[EvidenceSplit], "combined_votes", ts.young[EvidenceCombined])
+		p.m.layoutChanges.WithLabelValues(name).Inc()
+		p.setLayout(ts, l)
+		return
+	}
+	if ts.young[EvidenceSplit]+ts.young[EvidenceCombined] >= maxWindow {
+		ts.young = [3]uint64{}
+	}
+}
+
+func (p *Poller) setLayout(ts *tableState, l Layout) {
+	ts.layout, ts.window, ts.young, ts.ambig = l, [3]uint64{}, [3]uint64{}, false
+	if p.layout != l {
+		p.m.layout.Reset()
+		p.m.layout.WithLabelValues(l.String()).Set(1)
+		p.layout = l
 	}
 }
 
@@ -429,11 +724,17 @@ func (p *Poller) count() {
 		}
 		t := d.tuple
 		local, peer := t.Src, t.Dst
+		openerIsPeer := false
 		switch {
-		case p.layout == LayoutSplit && t.Ingress():
+		case d.layout == LayoutSplit && t.Ingress():
 			// tx_bytes of an ingress entry: what the acceptor sent.
 			local, peer = t.Dst, t.Src
-		case p.layout == LayoutCombined && t.Ingress():
+		case d.layout == LayoutCombined && t.Ingress() && hostIdentity(d.secID):
+			// Opened by the host network (a hostNetwork pod, the node):
+			// no entry on the opener's side holds these bytes, so the
+			// acceptor's node counts them.
+			local, peer, openerIsPeer = t.Dst, t.Src, true
+		case d.layout == LayoutCombined && t.Ingress():
 			// Both directions; the opener's node counts them, unless the
 			// opener is outside the cluster and nobody does.
 			if _, ok := p.idx.LookupIP(t.Src); !ok {
@@ -451,7 +752,11 @@ func (p *Poller) count() {
 			continue
 		}
 		pe, _ := p.idx.LookupIP(peer)
-		p.bytes.Add(bytesKey{le.Job.Namespace, le.Job.Name, le.Zone, pe.Zone, topology.Locality(le, pe)}, float64(d.bytes))
+		src, dst := le.Zone, pe.Zone
+		if openerIsPeer {
+			src, dst = dst, src
+		}
+		p.bytes.Add(bytesKey{le.Job.Namespace, le.Job.Name, src, dst, topology.Locality(le, pe)}, float64(d.bytes))
 	}
 	p.m.unattributed.WithLabelValues(unattrNoJob).Add(float64(noJob))
 	p.m.unattributed.WithLabelValues(unattrNotLocal).Add(float64(notLocal))
@@ -470,7 +775,11 @@ func (p *Poller) setState(reason string, err error) {
 		p.log.Info("conntrack source up", "layout", p.layout.String())
 		return
 	}
-	args := []any{"reason", reason, "fix", advice[reason]}
+	fix := advice[reason]
+	if reason == reasonAccounting {
+		fix = "Cilium's conntrack accounting is off (connections created since the exporter started count no packets): " + EnableAdvice(p.cfg.CiliumVersion, p.layout)
+	}
+	args := []any{"reason", reason, "fix", fix}
 	if err != nil && reason == errReason(err) {
 		args = append(args, "err", err)
 	}

@@ -31,9 +31,28 @@ type Source interface {
 	Open(name string) (Table, error)
 }
 
+// Lister is a Source that can name the maps it holds, so that the
+// per-endpoint maps of ConntrackLocal (see LocalMap) are found.
+type Lister interface {
+	List() ([]string, error)
+}
+
 // BPFSource opens Cilium's maps pinned in a BPF filesystem folder.
 type BPFSource struct {
 	Dir string // e.g. /sys/fs/bpf/tc/globals
+}
+
+// List names the files in Dir.
+func (s BPFSource) List() ([]string, error) {
+	es, err := os.ReadDir(s.Dir)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]string, 0, len(es))
+	for _, e := range es {
+		out = append(out, e.Name())
+	}
+	return out, nil
 }
 
 // Open loads the pinned map read-only and checks its type and sizes.
@@ -86,9 +105,21 @@ type batchBufs[K any] struct {
 	vals [][ValueSize]byte
 }
 
-func (t *mapTable[K]) KeySize() int   { return int(t.m.KeySize()) }
-func (t *mapTable[K]) ValueSize() int { return int(t.m.ValueSize()) }
-func (t *mapTable[K]) Close() error   { return t.m.Close() }
+func (t *mapTable[K]) KeySize() int       { return int(t.m.KeySize()) }
+func (t *mapTable[K]) ValueSize() int     { return int(t.m.ValueSize()) }
+func (t *mapTable[K]) MaxEntries() uint32 { return t.m.MaxEntries() }
+func (t *mapTable[K]) Close() error       { return t.m.Close() }
+
+// MapID is the kernel's ID of the map: Cilium recreating a map (a new
+// size, a new layout) gives it a new ID under the same pin.
+func (t *mapTable[K]) MapID() uint64 {
+	info, err := t.m.Info()
+	if err != nil {
+		return 0
+	}
+	id, _ := info.ID()
+	return uint64(id)
+}
 
 func (t *mapTable[K]) pool() *sync.Pool {
 	if t.KeySize() == KeySize4 {
@@ -155,6 +186,9 @@ type MemTable struct {
 	// Err, when set, is returned by Each after half the entries, as a
 	// map read that fails midway would.
 	Err error
+	// ID, when set, is the map's identity (MapID): another ID under the
+	// same name is a recreated map.
+	ID uint64
 }
 
 // NewMemTable returns an empty table for v4 (keySize 14) or v6 (38) keys.
@@ -184,6 +218,7 @@ func (t *MemTable) SetBytes(i int, bytes uint64) {
 	binary.NativeEndian.PutUint64(b, bytes)
 }
 
+func (t *MemTable) MapID() uint64  { return t.ID }
 func (t *MemTable) KeySize() int   { return t.keySize }
 func (t *MemTable) ValueSize() int { return ValueSize }
 func (t *MemTable) Close() error   { return nil }
@@ -234,6 +269,9 @@ func (s *MemSource) Names() []string {
 	sort.Strings(out)
 	return slices.Clip(out)
 }
+
+// List is Names.
+func (s *MemSource) List() ([]string, error) { return s.Names(), nil }
 
 func (s *MemSource) Open(name string) (Table, error) {
 	s.mu.Lock()
