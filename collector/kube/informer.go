@@ -5,31 +5,52 @@ import (
 	"fmt"
 	"github.com/zonewatch/zonewatch/topology"
 	"log/slog"
+	"sync"
 	"sync/atomic"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/metadata"
 	"k8s.io/client-go/tools/cache"
 )
 
 // Live feeds the index from a kube-apiserver: one node informer and, per
 // job rule, one pod informer selecting pods that carry the rule's name
 // label, so only job pods (not all 100k pods) are listed and watched.
+// With WithOwners, metadata-only informers on the owner kinds
+// (OwnerResources) resolve each pod's top owner.
 type Live struct {
 	index    *topology.Index
 	rules    []topology.Rule
 	logger   *slog.Logger
+	resync   time.Duration
 	synced   []cache.InformerSynced
 	isSynced atomic.Bool
 	errors   atomic.Int64
+
+	pods []cache.SharedIndexInformer // by feed source
+	meta metadata.Interface
+	disc discovery.DiscoveryInterface
+	// mu orders a pod's upserts from its own informer and from owner
+	// changes, so a pod deleted meanwhile is never put back.
+	mu     sync.Mutex
+	owners *ownerStore
+}
+
+// WithOwners makes Run resolve top owners (TrainJob over JobSet, RayJob
+// over RayCluster) through metadata-only informers; kinds the server does
+// not serve, or the exporter may not list, are skipped with a log line.
+func (l *Live) WithOwners(meta metadata.Interface, disc discovery.DiscoveryInterface) {
+	l.meta, l.disc = meta, disc
 }
 
 // NewLive prepares informers; Run starts them.
 func NewLive(client kubernetes.Interface, index *topology.Index, rules []topology.Rule, resync time.Duration, logger *slog.Logger) (*Live, []informers.SharedInformerFactory, error) {
-	l := &Live{index: index, rules: rules, logger: logger}
+	l := &Live{index: index, rules: rules, logger: logger, resync: resync}
 	var factories []informers.SharedInformerFactory
 
 	nf := informers.NewSharedInformerFactoryWithOptions(client, resync)
@@ -65,20 +86,36 @@ func NewLive(client kubernetes.Interface, index *topology.Index, rules []topolog
 			UpdateFunc: func(_, o any) { l.pod(source, o) },
 			DeleteFunc: func(o any) {
 				if p, ok := tombstone(o).(*corev1.Pod); ok {
+					l.mu.Lock()
 					index.DeletePod(source, p.Namespace, p.Name)
+					l.mu.Unlock()
 				}
 			},
 		}); err != nil {
 			return nil, nil, fmt.Errorf("pod informer handler: %w", err)
 		}
+		l.pods = append(l.pods, pi)
 		l.synced = append(l.synced, pi.HasSynced)
 		factories = append(factories, pf)
 	}
 	return l, factories, nil
 }
 
-// Run starts the informers and waits for their first sync (or ctx).
+// Run starts the informers and waits for their first sync (or ctx). The
+// owner informers sync first, so that pods are named after their top
+// owner from the start.
 func (l *Live) Run(ctx context.Context, factories []informers.SharedInformerFactory) error {
+	if l.meta != nil && l.disc != nil {
+		owners, synced := startOwners(ctx, l.meta, l.disc, l.resync, l.logger, l.ownerChanged)
+		if !cache.WaitForCacheSync(ctx.Done(), synced...) {
+			return fmt.Errorf("waiting for owner informers to sync: %w", ctx.Err())
+		}
+		l.mu.Lock()
+		l.owners = owners
+		l.mu.Unlock()
+		l.synced = append(l.synced, synced...)
+		l.logger.Info("owner informers synced", "kinds", len(owners.stores))
+	}
 	for _, f := range factories {
 		f.Start(ctx.Done())
 	}
@@ -119,7 +156,35 @@ func (l *Live) pod(source int, o any) {
 		l.errors.Add(1)
 		return
 	}
-	l.index.UpsertPod(source, PodFrom(l.rules, p))
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.upsert(source, p)
+}
+
+func (l *Live) upsert(source int, p *corev1.Pod) {
+	var owners topology.Owners
+	if l.owners != nil {
+		owners = l.owners
+	}
+	l.index.UpsertPod(source, PodWithOwners(l.rules, owners, p))
+}
+
+// ownerChanged identifies the namespace's job pods again: an owner object
+// came, went or changed its controller.
+func (l *Live) ownerChanged(namespace string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for source, inf := range l.pods {
+		objs, err := inf.GetIndexer().ByIndex(cache.NamespaceIndex, namespace)
+		if err != nil {
+			continue
+		}
+		for _, o := range objs {
+			if p, ok := o.(*corev1.Pod); ok {
+				l.upsert(source, p)
+			}
+		}
+	}
 }
 
 func tombstone(o any) any {

@@ -1,0 +1,183 @@
+package kube
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/discovery"
+	"k8s.io/client-go/metadata"
+	"k8s.io/client-go/metadata/metadatainformer"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/zonewatch/zonewatch/topology"
+)
+
+// OwnerResource is an owner kind watched, metadata only, to resolve a
+// pod's top owner.
+type OwnerResource struct {
+	GVR  schema.GroupVersionResource
+	Kind string
+	// Selector narrows the watch (a label selector); empty for all.
+	Selector string
+}
+
+// OwnerResources are the owner objects between a job pod and the object a
+// user created, where the pod's labels do not name the latter:
+//   - batch Jobs of a JobSet (-> JobSet), selected by the JobSet label so
+//     that CronJob runs and other Jobs are not watched;
+//   - JobSets (-> TrainJob, Kubeflow Trainer v2);
+//   - RayClusters (-> RayJob or RayService).
+//
+// MPIJob's launcher Job needs no watch: its pods name the MPIJob.
+var OwnerResources = []OwnerResource{
+	{GVR: schema.GroupVersionResource{Group: "batch", Version: "v1", Resource: "jobs"}, Kind: "Job", Selector: "jobset.sigs.k8s.io/jobset-name"},
+	{GVR: schema.GroupVersionResource{Group: "jobset.x-k8s.io", Version: "v1alpha2", Resource: "jobsets"}, Kind: "JobSet"},
+	{GVR: schema.GroupVersionResource{Group: "ray.io", Version: "v1", Resource: "rayclusters"}, Kind: "RayCluster"},
+}
+
+type groupKind struct{ group, kind string }
+
+// ownerStore answers topology.Owners from the metadata informers' caches.
+type ownerStore struct {
+	stores map[groupKind]cache.Store
+}
+
+// ControllerOf returns the controller reference of the owner object o.
+func (s *ownerStore) ControllerOf(namespace string, o topology.OwnerRef) (topology.OwnerRef, bool) {
+	if s == nil {
+		return topology.OwnerRef{}, false
+	}
+	gv, err := schema.ParseGroupVersion(o.APIVersion)
+	if err != nil {
+		return topology.OwnerRef{}, false
+	}
+	st := s.stores[groupKind{gv.Group, o.Kind}]
+	if st == nil {
+		return topology.OwnerRef{}, false
+	}
+	obj, ok, _ := st.GetByKey(namespace + "/" + o.Name)
+	if !ok {
+		return topology.OwnerRef{}, false
+	}
+	m, ok := obj.(*metav1.PartialObjectMetadata)
+	if !ok {
+		return topology.OwnerRef{}, false
+	}
+	c := metav1.GetControllerOfNoCopy(m)
+	if c == nil {
+		return topology.OwnerRef{}, false
+	}
+	return topology.OwnerRef{APIVersion: c.APIVersion, Kind: c.Kind, Name: c.Name}, true
+}
+
+// StripOwner keeps name, namespace and the controller reference of an
+// owner object: all that top-owner resolution reads.
+func StripOwner(obj any) (any, error) {
+	m, ok := obj.(*metav1.PartialObjectMetadata)
+	if !ok {
+		return obj, nil
+	}
+	out := &metav1.PartialObjectMetadata{TypeMeta: m.TypeMeta, ObjectMeta: metav1.ObjectMeta{
+		Namespace: m.Namespace, Name: m.Name, UID: m.UID, ResourceVersion: m.ResourceVersion,
+	}}
+	if c := metav1.GetControllerOfNoCopy(m); c != nil {
+		out.OwnerReferences = []metav1.OwnerReference{{APIVersion: c.APIVersion, Kind: c.Kind, Name: c.Name, UID: c.UID, Controller: c.Controller}}
+	}
+	return out, nil
+}
+
+// ownerWatch is one owner resource found on the server.
+type ownerWatch struct {
+	res      OwnerResource
+	informer cache.SharedIndexInformer
+}
+
+// startOwners finds which owner resources the server serves and the
+// exporter may list, and prepares a metadata-only informer for each. A
+// resource that is absent (its CRD not installed) or forbidden is skipped
+// with one log line: identity then falls back to the pod's labels.
+func startOwners(ctx context.Context, meta metadata.Interface, disc discovery.DiscoveryInterface, resync time.Duration, logger *slog.Logger,
+	changed func(namespace string)) (*ownerStore, []cache.InformerSynced) {
+	store := &ownerStore{stores: map[groupKind]cache.Store{}}
+	var synced []cache.InformerSynced
+	var factories []metadatainformer.SharedInformerFactory
+	for _, res := range OwnerResources {
+		if err := served(ctx, meta, disc, res); err != nil {
+			logger.Info("not resolving owners of this kind", "resource", res.GVR.String(), "reason", err)
+			continue
+		}
+		sel := res.Selector
+		f := metadatainformer.NewFilteredSharedInformerFactory(meta, resync, metav1.NamespaceAll, func(o *metav1.ListOptions) { o.LabelSelector = sel })
+		inf := f.ForResource(res.GVR).Informer()
+		if err := inf.SetTransform(StripOwner); err != nil {
+			logger.Warn("owner informer transform", "resource", res.GVR.String(), "err", err)
+			continue
+		}
+		ns := func(o any) {
+			if m, ok := tombstone(o).(*metav1.PartialObjectMetadata); ok {
+				changed(m.Namespace)
+			}
+		}
+		if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+			AddFunc: ns,
+			// Status updates change only the resource version: act only
+			// when the controller reference moved.
+			UpdateFunc: func(old, cur any) {
+				a, _ := old.(*metav1.PartialObjectMetadata)
+				b, _ := cur.(*metav1.PartialObjectMetadata)
+				if a == nil || b == nil || !sameController(a, b) {
+					ns(cur)
+				}
+			},
+			DeleteFunc: ns,
+		}); err != nil {
+			logger.Warn("owner informer handler", "resource", res.GVR.String(), "err", err)
+			continue
+		}
+		store.stores[groupKind{res.GVR.Group, res.Kind}] = inf.GetStore()
+		synced = append(synced, inf.HasSynced)
+		factories = append(factories, f)
+	}
+	for _, f := range factories {
+		f.Start(ctx.Done())
+	}
+	return store, synced
+}
+
+func sameController(a, b *metav1.PartialObjectMetadata) bool {
+	ca, cb := metav1.GetControllerOfNoCopy(a), metav1.GetControllerOfNoCopy(b)
+	if ca == nil || cb == nil {
+		return ca == cb
+	}
+	return ca.Kind == cb.Kind && ca.Name == cb.Name && ca.APIVersion == cb.APIVersion
+}
+
+// served checks through discovery that the server has the resource, and
+// that the exporter may list it.
+func served(ctx context.Context, meta metadata.Interface, disc discovery.DiscoveryInterface, res OwnerResource) error {
+	list, err := disc.ServerResourcesForGroupVersion(res.GVR.GroupVersion().String())
+	if apierrors.IsNotFound(err) {
+		return errors.New("not served (CRD not installed)")
+	}
+	if err != nil {
+		return fmt.Errorf("discovery: %w", err)
+	}
+	found := false
+	for _, r := range list.APIResources {
+		found = found || r.Name == res.GVR.Resource
+	}
+	if !found {
+		return errors.New("not served (CRD not installed)")
+	}
+	_, err = meta.Resource(res.GVR).List(ctx, metav1.ListOptions{Limit: 1, LabelSelector: res.Selector})
+	if apierrors.IsForbidden(err) {
+		return errors.New("forbidden (RBAC: the exporter's ClusterRole lacks list/watch)")
+	}
+	return err
+}
