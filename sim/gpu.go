@@ -54,7 +54,9 @@ func (g *GPUSource) Read(context.Context) ([]gpu.Sample, error) {
 			b := busy[d.UUID] // the zero Behaviour is an idle GPU
 			out = append(out, gpu.Sample{
 				UUID: d.UUID, Index: d.Index, GI: gpu.NoInstance, Node: n.Name,
-				Util: b.GPUUtil, SMActive: b.SMActive, TensorActive: b.TensorActive, Time: at,
+				// The graphics engine counts as active while any kernel runs,
+				// NCCL's spinning ones too: it follows GPU_UTIL, not SM activity.
+				Util: b.GPUUtil, GraphicsActive: b.GPUUtil, SMActive: b.SMActive, TensorActive: b.TensorActive, Time: at,
 			})
 		}
 	}

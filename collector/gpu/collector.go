@@ -46,6 +46,7 @@ type Collector struct {
 	allocs  Getter[*Allocations] // nil: no PodResources, every GPU unallocated
 	index   Index
 	node    string
+	gone    Gone // nil: every listed pod holds its GPUs
 
 	mu        sync.Mutex
 	migLabels map[[2]int]string // gpu label of MIG instances, made once
@@ -56,6 +57,16 @@ type Collector struct {
 func NewCollector(samples Getter[[]Sample], allocs Getter[*Allocations], index Index, node string) *Collector {
 	return &Collector{samples: samples, allocs: allocs, index: index, node: node, migLabels: map[[2]int]string{}}
 }
+
+// Gone says which pods are finished or terminating; *Discovery is one.
+type Gone interface {
+	PodGone(namespace, name string) bool
+}
+
+// SkipGone makes the join drop pods g reports gone: kubelets before 1.34
+// list terminal pods with their devices (kubernetes/kubernetes#119423,
+// #132020), and a pod being deleted overlaps its replacement.
+func (c *Collector) SkipGone(g Gone) { c.gone = g }
 
 // Row is one exported GPU series: its labels and values.
 type Row struct {
@@ -79,6 +90,7 @@ func (c *Collector) Join(out []Row) ([]Row, bool) {
 		}
 	}
 	lastNode, zone := "", ""
+	var own [1]PodRef
 	for i := range samples {
 		s := &samples[i]
 		node := c.node
@@ -90,17 +102,20 @@ func (c *Collector) Join(out []Row) ([]Row, bool) {
 			lastNode = node
 		}
 		r := Row{Node: node, Zone: zone, GPU: c.gpuLabel(s), UUID: s.UUID, Util: s.Util, GraphicsActive: s.GraphicsActive, SMActive: s.SMActive, TensorActive: s.TensorActive}
+		n := len(out)
 		pods := allocs.Lookup(s)
 		if len(pods) == 0 && s.Pod != "" {
-			out = append(out, c.withPod(r, PodRef{Namespace: s.Namespace, Pod: s.Pod}))
-			continue
-		}
-		if len(pods) == 0 {
-			out = append(out, r)
-			continue
+			own[0] = PodRef{Namespace: s.Namespace, Pod: s.Pod}
+			pods = own[:]
 		}
 		for _, p := range pods {
+			if c.gone != nil && c.gone.PodGone(p.Namespace, p.Pod) {
+				continue
+			}
 			out = append(out, c.withPod(r, p))
+		}
+		if len(out) == n { // unallocated, or only gone pods held it
+			out = append(out, r)
 		}
 	}
 	return out, true

@@ -7,7 +7,8 @@ type Metrics struct {
 	// ReadErrors counts failed reads by feed: gpu, podresources.
 	ReadErrors *prometheus.CounterVec
 	// Skipped counts input that could not be placed on a GPU: dcgm-exporter
-	// series without a UUID (gpu), device ids not understood (podresources).
+	// series without a UUID (gpu), device ids not understood (podresources),
+	// DRA GPUs no ResourceSlice maps to a UUID (dra).
 	Skipped *prometheus.CounterVec
 }
 
@@ -20,13 +21,14 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"source"}),
 		Skipped: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "zonewatch_gpu_inputs_skipped_total",
-			Help: "Input a GPU feed could not place on a GPU and skipped (gpu: dcgm-exporter series without UUID; podresources: device ids not understood).",
+			Help: "Input a GPU feed could not place on a GPU and skipped (gpu: dcgm-exporter series without UUID; podresources: device ids not understood; dra: DRA-allocated GPUs no ResourceSlice maps to a UUID), counted on every read.",
 		}, []string{"source"}),
 	}
 	for _, s := range []string{"gpu", "podresources"} {
 		m.ReadErrors.WithLabelValues(s)
 		m.Skipped.WithLabelValues(s)
 	}
+	m.Skipped.WithLabelValues("dra")
 	reg.MustRegister(m.ReadErrors, m.Skipped)
 	return m
 }

@@ -32,6 +32,9 @@ type Allocations struct {
 	byDev map[devKey][]PodRef
 	// Skipped counts device ids of GPU resources that were not understood.
 	Skipped int
+	// Unmapped counts GPU devices allocated through DRA that no
+	// ResourceSlice maps to a UUID (slice not seen yet, no uuid attribute).
+	Unmapped int
 }
 
 // Lookup returns the pods holding the sample's GPU or MIG instance.
@@ -51,11 +54,22 @@ func (a *Allocations) Lookup(s *Sample) []PodRef {
 // Len returns the number of allocated devices.
 func (a *Allocations) Len() int { return len(a.byDev) }
 
-// ResourceFilter says which extended resources are NVIDIA GPUs: the
-// default nvidia.com/gpu, every nvidia.com/mig-* (MIG "mixed" strategy),
-// plus extras (renamed time-sliced resources such as nvidia.com/gpu.shared).
+// ResourceFilter says which allocations are NVIDIA GPUs. Device plugin
+// resources: the default nvidia.com/gpu, every nvidia.com/mig-* (MIG
+// "mixed" strategy), plus Extra (renamed time-sliced resources such as
+// nvidia.com/gpu.shared). DRA claim resources: those of driver
+// gpu.nvidia.com plus DRADrivers, mapped to GPUs through Slices (nil:
+// every DRA GPU is unmapped).
 type ResourceFilter struct {
-	Extra []string
+	Extra      []string
+	DRADrivers []string
+	Slices     DeviceUUIDs
+}
+
+// DeviceUUIDs maps a DRA device (driver, pool, device) to its GPU or MIG
+// UUID; *Slices is one.
+type DeviceUUIDs interface {
+	DeviceUUID(driver, pool, device string) (string, bool)
 }
 
 // Match reports whether a resource name is a GPU resource.
@@ -63,12 +77,41 @@ func (f ResourceFilter) Match(name string) bool {
 	return name == "nvidia.com/gpu" || strings.HasPrefix(name, "nvidia.com/mig-") || slices.Contains(f.Extra, name)
 }
 
-// BuildAllocations turns a PodResources List reply into Allocations.
+// BuildAllocations turns a PodResources List reply into Allocations:
+// device plugin devices (ContainerResources.devices) and DRA devices
+// (ContainerResources.dynamic_resources, on by default from Kubernetes
+// 1.34).
 func BuildAllocations(resp *podresourcesv1.ListPodResourcesResponse, filter ResourceFilter) *Allocations {
 	a := &Allocations{byDev: map[devKey][]PodRef{}}
+	add := func(k devKey, ref PodRef) {
+		// Two containers, or two time-slice replicas, of one pod count once.
+		if !slices.Contains(a.byDev[k], ref) {
+			a.byDev[k] = append(a.byDev[k], ref)
+		}
+	}
 	for _, pr := range resp.GetPodResources() {
 		ref := PodRef{Namespace: pr.GetNamespace(), Pod: pr.GetName()}
 		for _, c := range pr.GetContainers() {
+			for _, dr := range c.GetDynamicResources() {
+				for _, cr := range dr.GetClaimResources() {
+					if !filter.isGPUDriver(cr.GetDriverName()) {
+						continue
+					}
+					var k devKey
+					uuid, ok := "", filter.Slices != nil
+					if ok {
+						uuid, ok = filter.Slices.DeviceUUID(cr.GetDriverName(), cr.GetPoolName(), cr.GetDeviceName())
+					}
+					if ok {
+						k, ok = parseDeviceID(uuid)
+					}
+					if !ok {
+						a.Unmapped++
+						continue
+					}
+					add(k, ref)
+				}
+			}
 			for _, d := range c.GetDevices() {
 				if !filter.Match(d.GetResourceName()) {
 					continue
@@ -79,11 +122,7 @@ func BuildAllocations(resp *podresourcesv1.ListPodResourcesResponse, filter Reso
 						a.Skipped++
 						continue
 					}
-					// Two containers, or two time-slice replicas, of one pod
-					// count once.
-					if !slices.Contains(a.byDev[k], ref) {
-						a.byDev[k] = append(a.byDev[k], ref)
-					}
+					add(k, ref)
 				}
 			}
 		}
@@ -98,6 +137,8 @@ type PodResources struct {
 	filter ResourceFilter
 	// skipped counts device ids that were not understood; nil for none.
 	skipped prometheus.Counter
+	// Unmapped counts DRA GPUs no ResourceSlice maps to a UUID; nil for none.
+	Unmapped prometheus.Counter
 }
 
 // DialPodResources prepares a client for the kubelet socket. It does not
@@ -126,6 +167,9 @@ func (p *PodResources) Read(ctx context.Context) (*Allocations, error) {
 	a := BuildAllocations(resp, p.filter)
 	if p.skipped != nil && a.Skipped > 0 {
 		p.skipped.Add(float64(a.Skipped))
+	}
+	if p.Unmapped != nil && a.Unmapped > 0 {
+		p.Unmapped.Add(float64(a.Unmapped))
 	}
 	return a, nil
 }
