@@ -8,7 +8,7 @@ LDFLAGS := -X github.com/prometheus/common/version.Version=$(VERSION) \
 	-X github.com/prometheus/common/version.Revision=$(shell git rev-parse --short HEAD 2>/dev/null) \
 	-X github.com/prometheus/common/version.Branch=$(shell git rev-parse --abbrev-ref HEAD 2>/dev/null)
 # Generated artifacts: committed, regenerated and diffed by `make test`.
-GENERATED := rules dashboards deploy
+GENERATED := rules dashboards deploy docs/flags.md
 
 .PHONY: run test build lint bench tools generate check-generated e2e fuzz gpu-smoke clean
 
@@ -36,8 +36,9 @@ lint:
 	CGO_ENABLED=1 CGO_CFLAGS="-O2 -g -Wno-deprecated-declarations" $(GO) vet -tags nvml ./collector/gpu/...
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 
-## generate: rule files, dashboards, rendered manifests
+## generate: rule files, dashboards, rendered manifests, the flag tables of docs/flags.md
 generate:
+	$(GO) test -count=1 -run '^TestFlagsDoc$$' ./cmd/exporter -update
 	$(GO) run ./rules/cmd/generate
 	$(GO) run ./dashboards/gen
 	bash deploy/render.sh

@@ -27,21 +27,6 @@ func doc(t *testing.T, name string) string {
 	return string(b)
 }
 
-// TestFlagsDocumented fails when a (non-hidden) flag is missing from
-// docs/flags.md.
-func TestFlagsDocumented(t *testing.T) {
-	doc := doc(t, "flags.md")
-	_, serve, _ := newApp()
-	for _, f := range serve.Model().Flags {
-		if f.Hidden {
-			continue // test hooks, not for users
-		}
-		if !strings.Contains(doc, "`--"+f.Name+"`") {
-			t.Errorf("flag --%s is not in docs/flags.md", f.Name)
-		}
-	}
-}
-
 func freeAddr(t *testing.T) string {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
