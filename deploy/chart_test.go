@@ -24,6 +24,7 @@ import (
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/yaml"
 
+	"github.com/zonewatch/zonewatch/collector/kube"
 	"github.com/zonewatch/zonewatch/internal/testenv"
 )
 
@@ -527,9 +528,10 @@ func wantEndpoint(t *testing.T, eps []any, job string) {
 	}
 }
 
-// checkRBAC: the ClusterRole grants get, list and watch on pods and nodes,
-// and nothing else; the binding gives it to the exporter's ServiceAccount
-// only; there is no other RBAC object.
+// checkRBAC: the ClusterRole grants get, list and watch on pods and nodes
+// and on the owner kinds (kube.OwnerResources), and nothing else; the
+// binding gives it to the exporter's ServiceAccount only; there is no
+// other RBAC object.
 func checkRBAC(t *testing.T, objs []*unstructured.Unstructured) {
 	t.Helper()
 	for _, o := range objs {
@@ -558,37 +560,51 @@ func checkClusterRole(t *testing.T, r *rbacv1.ClusterRole) {
 	}
 }
 
+// readResources are what the informers list and watch: group -> resources.
+func readResources() map[string][]string {
+	out := map[string][]string{"": {"pods", "nodes"}}
+	for _, o := range kube.OwnerResources {
+		out[o.GVR.Group] = append(out[o.GVR.Group], o.GVR.Resource)
+	}
+	return out
+}
+
 // clusterRoleProblems lists what r grants beyond get, list and watch on
-// pods and nodes, and what of that it lacks.
+// readResources, and what of that it lacks.
 func clusterRoleProblems(r *rbacv1.ClusterRole) []string {
 	var out []string
 	if r.AggregationRule != nil {
 		out = append(out, "aggregates other roles")
 	}
+	want := readResources()
 	granted := map[string]bool{}
 	for _, rule := range r.Rules {
 		if len(rule.NonResourceURLs) > 0 {
 			out = append(out, fmt.Sprintf("grants non-resource URLs %v", rule.NonResourceURLs))
 		}
-		if !slices.Equal(rule.APIGroups, []string{""}) {
-			out = append(out, fmt.Sprintf("grants API groups %q, want only the core group", rule.APIGroups))
+		if len(rule.APIGroups) != 1 || want[rule.APIGroups[0]] == nil {
+			out = append(out, fmt.Sprintf("grants API groups %q, want one group of %v per rule", rule.APIGroups, want))
+			continue
 		}
+		group := rule.APIGroups[0]
 		for _, res := range rule.Resources {
-			if res != "pods" && res != "nodes" {
-				out = append(out, fmt.Sprintf("grants resource %q (subresources and wildcards included), want pods and nodes only", res))
+			if !slices.Contains(want[group], res) {
+				out = append(out, fmt.Sprintf("grants resource %q in group %q (subresources and wildcards included), want only %v", res, group, want[group]))
 			}
 			for _, verb := range rule.Verbs {
 				if verb != "get" && verb != "list" && verb != "watch" {
 					out = append(out, fmt.Sprintf("grants %q on %s, want get, list and watch only", verb, res))
 				}
-				granted[res+"/"+verb] = true
+				granted[group+"/"+res+"/"+verb] = true
 			}
 		}
 	}
-	for _, res := range []string{"pods", "nodes"} {
-		for _, verb := range []string{"get", "list", "watch"} {
-			if !granted[res+"/"+verb] {
-				out = append(out, fmt.Sprintf("lacks %s on %s: the informers need it", verb, res))
+	for group, resources := range want {
+		for _, res := range resources {
+			for _, verb := range []string{"get", "list", "watch"} {
+				if !granted[group+"/"+res+"/"+verb] {
+					out = append(out, fmt.Sprintf("lacks %s on %s in group %q: the informers need it", verb, res, group))
+				}
 			}
 		}
 	}
@@ -632,6 +648,8 @@ func TestClusterRoleReadsOnlyPodsAndNodes(t *testing.T) {
 		{APIGroups: []string{"*"}, Resources: []string{"pods", "nodes"}, Verbs: []string{"get", "list", "watch"}},
 		{APIGroups: []string{""}, Resources: []string{"*"}, Verbs: []string{"get", "list", "watch"}},
 		{APIGroups: []string{""}, Resources: []string{"pods", "nodes"}, Verbs: []string{"*"}},
+		{APIGroups: []string{"batch"}, Resources: []string{"jobs", "cronjobs"}, Verbs: []string{"get", "list", "watch"}},
+		{APIGroups: []string{"ray.io"}, Resources: []string{"rayclusters"}, Verbs: []string{"get", "list", "watch", "update"}},
 	} {
 		if len(clusterRoleProblems(&rbacv1.ClusterRole{Rules: []rbacv1.PolicyRule{bad}})) == 0 {
 			t.Errorf("rule %+v passed the ClusterRole check", bad)
