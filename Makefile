@@ -29,6 +29,8 @@ tools:
 test: tools lint
 	ZONEWATCH_TOOLS_BIN=$(TOOLS_BIN) ZONEWATCH_REQUIRE_TOOLS=1 $(GO) test -count=1 -timeout 30m ./...
 	CGO_ENABLED=1 CGO_CFLAGS="-O2 -g -Wno-deprecated-declarations" $(GO) test -count=1 -tags nvml ./collector/gpu/
+	@# The conntrack reader against Cilium's own ctmap types in real BPF maps (a module of its own; its real-map tests skip without root).
+	cd internal/ctmappeer && $(GO) vet ./... && $(GO) test -count=1 ./...
 
 ## lint: go vet (also the cgo GPU adapters) and a gofmt check
 lint:
