@@ -13,7 +13,9 @@ import (
 // returns the function that runs it once app.Parse has chosen it. The
 // function returns the exit code: 0 no job split, 1 some job split or
 // blocked, 2 an input that cannot be read (bad usage fails app.Parse).
-func AddCommand(app *kingpin.Application, stdout, stderr io.Writer) func() int {
+// jobRules is the --kube.job-rule flag, which the exporter declares once for
+// every command.
+func AddCommand(app *kingpin.Application, jobRules *[]string, stdout, stderr io.Writer) func() int {
 	cmd := app.Command("analyze", "Diagnose captured files offline: which training jobs are split across zones, blocked by policy or paying for cross-zone traffic, and how to fix them.")
 	nodes := cmd.Flag("nodes", "kubectl get nodes -o json (or -o yaml) output.").PlaceHolder("FILE").Required().String()
 	pods := cmd.Flag("pods", "kubectl get pods -A -o json (or -o yaml) output.").PlaceHolder("FILE").Required().String()
@@ -22,7 +24,6 @@ func AddCommand(app *kingpin.Application, stdout, stderr io.Writer) func() int {
 	output := cmd.Flag("output", "Output format: text or json.").Short('o').Default("text").Enum("text", "json")
 	// Positional files join --flows, so that `--flows node-*.jsonl` works.
 	moreFlows := cmd.Arg("flow-files", "More hubble observe output files.").Strings()
-	jobRules := cmd.Flag("kube.job-rule", `Job identity rule "name=LABEL,kind=KIND[,role=LABEL|LABEL][,rank0=LABEL|LABEL]"; repeatable; replaces the built-in rules.`).PlaceHolder("RULE").Strings()
 	return func() int {
 		var rules []topology.Rule
 		for _, s := range *jobRules {

@@ -19,7 +19,9 @@ func command(t *testing.T, args ...string) (code int, stdout, stderr string) {
 	var out, errb bytes.Buffer
 	app.UsageWriter(&errb)
 	app.ErrorWriter(&errb)
-	run := AddCommand(app, &out, &errb)
+	// The exporter declares --kube.job-rule for every command.
+	rules := app.Flag("kube.job-rule", "").Strings()
+	run := AddCommand(app, rules, &out, &errb)
 	if _, err := app.Parse(append([]string{"analyze"}, args...)); err != nil {
 		return 2, out.String(), err.Error()
 	}
@@ -133,7 +135,7 @@ func TestDocumented(t *testing.T) {
 	}
 	doc := string(b)
 	app := kingpin.New("x", "")
-	AddCommand(app, nil, nil)
+	AddCommand(app, new([]string), nil, nil)
 	for _, f := range app.GetCommand("analyze").Model().Flags {
 		if !strings.Contains(doc, "`--"+f.Name) {
 			t.Errorf("flag --%s is not in docs/analyze.md", f.Name)

@@ -10,6 +10,7 @@ import (
 
 // addAnalyze declares the offline `analyze` command on app and returns the
 // function that runs it (its exit code) once app.Parse has chosen it.
-func addAnalyze(app *kingpin.Application) func() int {
-	return analyze.AddCommand(app, os.Stdout, os.Stderr)
+// jobRules is the --kube.job-rule flag both commands share.
+func addAnalyze(app *kingpin.Application, jobRules *[]string) func() int {
+	return analyze.AddCommand(app, jobRules, os.Stdout, os.Stderr)
 }

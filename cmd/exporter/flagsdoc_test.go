@@ -59,8 +59,8 @@ func flagsMarkdown(t *testing.T) string {
 	// Defaults read from the environment must not leak into the doc.
 	t.Setenv("NODE_NAME", "")
 	t.Setenv("KUBECONFIG", "")
-	app, _, _ := newApp()
-	addAnalyze(app)
+	app, _, o := newApp()
+	addAnalyze(app, o.jobRules)
 	var b strings.Builder
 	b.WriteString(beginFlags + "\n\n")
 	var global []*kingpin.FlagModel

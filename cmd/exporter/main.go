@@ -21,8 +21,11 @@ import (
 	versioncollector "github.com/prometheus/client_golang/prometheus/collectors/version"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/prometheus/common/promslog"
+	promslogflag "github.com/prometheus/common/promslog/flag"
 	"github.com/prometheus/common/version"
 	"github.com/prometheus/exporter-toolkit/web"
+	"github.com/prometheus/exporter-toolkit/web/kingpinflag"
+	"k8s.io/klog/v2"
 
 	"github.com/zonewatch/zonewatch/collector"
 	"github.com/zonewatch/zonewatch/collector/kube"
@@ -63,10 +66,15 @@ type wiring struct {
 	nodeName string
 }
 
-// flagOf declares a flag that can also be set by ZONEWATCH_<NAME>.
+// envOf is the environment variable that also sets a flag: ZONEWATCH_ and
+// the name in upper case with . and - as _.
+func envOf(name string) string {
+	return "ZONEWATCH_" + strings.ToUpper(strings.NewReplacer(".", "_", "-", "_").Replace(name))
+}
+
+// flagOf declares a flag that can also be set by its environment variable.
 func flagOf(c *kingpin.CmdClause, name, help string) *kingpin.FlagClause {
-	env := "ZONEWATCH_" + strings.ToUpper(strings.NewReplacer(".", "_", "-", "_").Replace(name))
-	return c.Flag(name, help).Envar(env)
+	return c.Flag(name, help).Envar(envOf(name))
 }
 
 func main() {
@@ -76,36 +84,49 @@ func main() {
 	os.Exit(code)
 }
 
-// options are the serve command's own flags; parts declare theirs.
+// options are the command line's own flags; parts declare theirs.
 type options struct {
-	listen                          *[]string
-	webConfig, metricsURL, logLevel *string
-	logFormat, nodeName, kubeconfig *string
-	jobRules                        *[]string
-	resync                          *time.Duration
-	simulate                        *bool
+	web         *web.FlagConfig
+	log         promslog.Config
+	metricsURL  *string
+	maxRequests *int
+	nodeName    *string
+	kubeconfig  *string
+	jobRules    *[]string
+	resync      *time.Duration
+	simulate    *bool
 }
 
-// newApp declares the command line.
+// newApp declares the command line: the log flags and --kube.job-rule for
+// every command (serve and analyze), the rest for serve.
 func newApp() (*kingpin.Application, *kingpin.CmdClause, *options) {
 	app := kingpin.New("zonewatch-exporter", "Finds GPU training jobs split across availability zones and exports what it costs.")
 	app.Version(version.Print("zonewatch-exporter"))
 	app.HelpFlag.Short('h')
-	serve := app.Command("serve", "Run the exporter (default).").Default()
-	o := &options{
-		listen:     flagOf(serve, "web.listen-address", "Addresses to listen on for /metrics, /healthz and /readyz. Repeatable.").Default(":" + defaultPort).Strings(),
-		webConfig:  flagOf(serve, "web.config.file", "Path to an exporter-toolkit web config file (TLS, basic auth).").Default("").String(),
-		metricsURL: flagOf(serve, "web.telemetry-path", "Path under which to expose metrics.").Default("/metrics").String(),
-		logLevel:   flagOf(serve, "log.level", "Log level: debug, info, warn, error.").Default("info").Enum("debug", "info", "warn", "error"),
-		logFormat:  flagOf(serve, "log.format", "Log format: logfmt or json.").Default("logfmt").Enum("logfmt", "json"),
-		nodeName:   flagOf(serve, "node-name", "This exporter's node: only job pods on it are exported (DaemonSet). Defaults to $NODE_NAME; empty exports every node's jobs (one replica, e.g. with Hubble Relay).").Default(os.Getenv("NODE_NAME")).String(),
-		kubeconfig: flagOf(serve, "kubeconfig", "Path to a kubeconfig; empty uses the in-cluster config.").Default(os.Getenv("KUBECONFIG")).String(),
-		jobRules:   flagOf(serve, "kube.job-rule", `Job identity rule "name=LABEL,kind=KIND[,role=LABEL|LABEL][,rank0=LABEL|LABEL]"; repeatable; replaces the built-in rules.`).Strings(),
-		resync:     flagOf(serve, "kube.resync", "Informer resync period (0 disables).").Default("0s").Duration(),
-		simulate:   flagOf(serve, "simulate", "Run on the built-in simulated cluster (every source fed by fakes speaking the real protocols).").Bool(),
+	o := &options{}
+	promslogflag.AddFlags(app, &o.log)
+	o.jobRules = app.Flag("kube.job-rule", `Job identity rule "name=LABEL,kind=KIND[,role=LABEL|LABEL][,rank0=LABEL|LABEL]"; repeatable; replaces the built-in rules.`).PlaceHolder("RULE").Strings()
+	for _, f := range app.Model().Flags {
+		if f.Name != "help" && f.Name != "version" {
+			app.GetFlag(f.Name).Envar(envOf(f.Name))
+		}
 	}
+
+	serve := app.Command("serve", "Run the exporter (default).").Default()
+	o.web = kingpinflag.AddFlags(serve, ":"+defaultPort)
+	o.metricsURL = flagOf(serve, "web.telemetry-path", "Path under which to expose metrics; /healthz and /readyz sit beside it.").Default("/metrics").String()
+	o.maxRequests = flagOf(serve, "web.max-requests", "Maximum number of parallel scrape requests. Use 0 to disable.").Default("40").Int()
+	o.nodeName = flagOf(serve, "node-name", "This exporter's node: only job pods on it are exported (DaemonSet). Defaults to $NODE_NAME; empty exports every node's jobs (one replica, e.g. with Hubble Relay).").Default(os.Getenv("NODE_NAME")).String()
+	o.kubeconfig = flagOf(serve, "kubeconfig", "Path to a kubeconfig; empty uses the in-cluster config. Defaults to $KUBECONFIG.").Default(os.Getenv("KUBECONFIG")).String()
+	o.resync = flagOf(serve, "kube.resync", "Informer resync period (0 disables).").Default("0s").Duration()
+	o.simulate = flagOf(serve, "simulate", "Run on the built-in simulated cluster (every source fed by fakes speaking the real protocols).").Bool()
 	for _, p := range parts {
 		p.flags(serve)
+	}
+	for _, f := range serve.Model().Flags {
+		if f.Envar == "" { // the exporter-toolkit's web flags
+			serve.GetFlag(f.Name).Envar(envOf(f.Name))
+		}
 	}
 	return app, serve, o
 }
@@ -114,7 +135,7 @@ func newApp() (*kingpin.Application, *kingpin.CmdClause, *options) {
 // the server fails.
 func run(ctx context.Context, args []string) int {
 	app, serve, o := newApp()
-	analyze := addAnalyze(app)
+	analyze := addAnalyze(app, o.jobRules)
 	cmd, err := app.Parse(args)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "zonewatch-exporter: %v (try --help)\n", err)
@@ -127,11 +148,12 @@ func run(ctx context.Context, args []string) int {
 		return 2
 	}
 
-	level := promslog.NewLevel()
-	_ = level.Set(*o.logLevel)
-	format := promslog.NewFormat()
-	_ = format.Set(*o.logFormat)
-	logger := promslog.New(&promslog.Config{Level: level, Format: format})
+	logger := promslog.New(&o.log)
+	// client-go's informers and RBAC errors log through klog: follow
+	// --log.level and --log.format too.
+	klog.SetSlogLogger(logger.With("component", "kubernetes"))
+	logger.Info("starting zonewatch-exporter", "version", version.Info())
+	logger.Info("build context", "build_context", version.BuildContext())
 
 	rules := topology.DefaultRules()
 	if len(*o.jobRules) > 0 {
@@ -169,7 +191,7 @@ func run(ctx context.Context, args []string) int {
 		return 2
 	}
 
-	live, factories, err := kube.NewLive(in.kube, w.index, rules, *o.resync, logger)
+	live, factories, err := kube.NewLive(in.kube, w.index, rules, *o.resync, logger.With("component", "kubernetes"))
 	if err != nil {
 		logger.Error("setting up informers", "err", err)
 		return 1
@@ -194,6 +216,7 @@ func run(ctx context.Context, args []string) int {
 	mux := http.NewServeMux()
 	mux.Handle(*o.metricsURL, promhttp.HandlerFor(prometheus.Gatherers{jobReg, selfReg}, promhttp.HandlerOpts{
 		ErrorLog: slog.NewLogLogger(logger.Handler(), slog.LevelError), ErrorHandling: promhttp.ContinueOnError,
+		MaxRequestsInFlight: *o.maxRequests,
 	}))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
 	// Ready once the topology is synced. A source that is down (Cilium
@@ -225,11 +248,9 @@ func run(ctx context.Context, args []string) int {
 	}
 
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-	systemd := false
-	flags := &web.FlagConfig{WebListenAddresses: o.listen, WebSystemdSocket: &systemd, WebConfigFile: o.webConfig}
 	errc := make(chan error, 1)
-	go func() { errc <- web.ListenAndServe(srv, flags, logger) }()
-	for _, a := range *o.listen {
+	go func() { errc <- web.ListenAndServe(srv, o.web, logger) }()
+	for _, a := range *o.web.WebListenAddresses {
 		host, port, _ := net.SplitHostPort(a)
 		if host == "" {
 			host = "localhost"

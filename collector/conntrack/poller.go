@@ -228,6 +228,7 @@ type Poller struct {
 	// maps without a decision of their own use it, as the same datapath
 	// writes them all.
 	layout     Layout
+	ready      bool // the index was filled when this poll began
 	accountOff bool
 	localSeen  bool   // per-endpoint maps reported
 	reason     string // why down, "" when up or before the first poll
@@ -295,7 +296,7 @@ func New(src Source, idx Index, cfg Config) (*Poller, error) {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	p := &Poller{
-		src: src, idx: idx, cfg: cfg, log: cfg.Logger.With("source", "conntrack"),
+		src: src, idx: idx, cfg: cfg, log: cfg.Logger,
 		bytes:  jobcounter.New[bytesKey](bytesDesc, idx, cfg.Grace),
 		tables: map[string]*tableState{},
 		layout: cfg.Layout,
@@ -389,6 +390,7 @@ func (p *Poller) Poll(now time.Time) {
 	start := time.Now()
 	p.epoch++
 	p.pending = p.pending[:0]
+	p.ready = p.cfg.Ready == nil || p.cfg.Ready()
 
 	var st pollStats
 	present, failed := 0, 0
@@ -541,7 +543,7 @@ func (p *Poller) read(name string, t Table, now time.Time, st *pollStats) error 
 	// Until the layout is known and the index filled, growth is held in
 	// the baselines rather than dropped, and counted once they are.
 	epoch, n, entries := p.epoch, 0, 0
-	hold := layout == LayoutAuto || (p.cfg.Ready != nil && !p.cfg.Ready())
+	hold := layout == LayoutAuto || !p.ready
 	voteAll := ts.layout == LayoutAuto || p.cfg.Layout != LayoutAuto
 	err := t.Each(func(key, val []byte) {
 		n++
