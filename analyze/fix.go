@@ -52,13 +52,26 @@ func suggestedFix(j *Job, pods *jobPods, nodes map[string]nodeInfo) string {
 	if selector == "" {
 		selector = "<label naming the job>"
 	}
+	if j.JobKind == "LeaderWorkerSet" && pods.set != "" {
+		return lwsFix(j, pods.set)
+	}
 	tols := coordinatorTolerations(j, pods, nodes)
+	term := map[string]any{
+		"labelSelector": map[string]any{"matchLabels": map[string]any{selector: j.JobName}},
+		"topologyKey":   kube.LabelZone,
+	}
+	if j.JobKind == "RayJob" {
+		// The RayJob's RayCluster has a generated name: select the pod's
+		// own cluster with matchLabelKeys (Kubernetes 1.31+).
+		term = map[string]any{
+			"labelSelector":  map[string]any{"matchExpressions": []any{map[string]any{"key": "ray.io/cluster", "operator": "Exists"}}},
+			"matchLabelKeys": []any{"ray.io/cluster"},
+			"topologyKey":    kube.LabelZone,
+		}
+	}
 	podSpec := func(coordinator bool) map[string]any {
 		s := map[string]any{"affinity": map[string]any{"podAffinity": map[string]any{
-			"requiredDuringSchedulingIgnoredDuringExecution": []any{map[string]any{
-				"labelSelector": map[string]any{"matchLabels": map[string]any{selector: j.JobName}},
-				"topologyKey":   kube.LabelZone,
-			}},
+			"requiredDuringSchedulingIgnoredDuringExecution": []any{term},
 		}}}
 		if coordinator && len(tols) > 0 {
 			s["tolerations"] = tols
@@ -104,6 +117,16 @@ func suggestedFix(j *Job, pods *jobPods, nodes map[string]nodeInfo) string {
 		}
 		spec = map[string]any{"replicatedJobs": list}
 		where = "its manifest (for a Kubeflow TrainJob: its runtime's spec.template)"
+	case j.JobKind == "TrainJob" && named(pods.replicas):
+		// Trainer v2.3 TrainJob spec.runtimePatches (trainjob_types.go
+		// RuntimePatch): a patch of the runtime's JobSet template.
+		var list []any
+		for _, name := range sortedKeys(pods.replicas) {
+			list = append(list, map[string]any{"name": name, "template": map[string]any{"spec": map[string]any{
+				"template": map[string]any{"spec": podSpec(pods.replicas[name])}}}})
+		}
+		spec = map[string]any{"runtimePatches": []any{map[string]any{"manager": "zonewatch", "trainingRuntimeSpec": map[string]any{
+			"template": map[string]any{"spec": map[string]any{"replicatedJobs": list}}}}}}
 	case j.JobKind == "LeaderWorkerSet":
 		spec = map[string]any{"leaderWorkerTemplate": map[string]any{
 			"leaderTemplate": map[string]any{"spec": podSpec(true)},
@@ -115,7 +138,7 @@ func suggestedFix(j *Job, pods *jobPods, nodes map[string]nodeInfo) string {
 			list = append(list, map[string]any{"name": name, "template": map[string]any{"spec": podSpec(pods.replicas[name])}})
 		}
 		spec = map[string]any{"tasks": list}
-	case j.JobKind == "RayCluster" && len(pods.rayGroups) > 0:
+	case (j.JobKind == "RayCluster" || j.JobKind == "RayJob") && len(pods.rayGroups) > 0:
 		var list []any
 		groups := append([]string(nil), pods.rayGroups...)
 		sort.Strings(groups)
@@ -125,6 +148,9 @@ func suggestedFix(j *Job, pods *jobPods, nodes map[string]nodeInfo) string {
 		spec = map[string]any{
 			"headGroupSpec":    map[string]any{"template": map[string]any{"spec": podSpec(true)}},
 			"workerGroupSpecs": list,
+		}
+		if j.JobKind == "RayJob" {
+			spec = map[string]any{"rayClusterSpec": spec}
 		}
 	default:
 		// A batch Job has one pod template; other kinds get it for each
@@ -145,6 +171,27 @@ func suggestedFix(j *Job, pods *jobPods, nodes map[string]nodeInfo) string {
 	if len(tols) > 0 {
 		b.WriteString("# The coordinator tolerates the taints of the GPU nodes in its workers' zone, so it can run there.\n")
 	}
+	b.Write(body)
+	return b.String()
+}
+
+// lwsFix: a LeaderWorkerSet's groups are independent replicas, and
+// spreading them across zones is healthy; what must stay in one zone is
+// each group. LWS does that itself with its exclusive-topology annotation
+// (sigs.k8s.io/lws v0.10.0 api/leaderworkerset/v1 ExclusiveKeyAnnotationKey;
+// pkg/webhooks/pod_webhook.go gives each group's pods affinity to their
+// group-key and anti-affinity to other groups in the topology domain).
+func lwsFix(j *Job, set string) string {
+	body, err := yaml.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]any{
+		"leaderworkerset.sigs.k8s.io/exclusive-topology": kube.LabelZone,
+	}}})
+	if err != nil {
+		return ""
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "# Keep each group of LeaderWorkerSet %s/%s in one zone (group %s is split): add this annotation to the LeaderWorkerSet and re-create it (running pods do not move).\n",
+		j.Namespace, set, j.JobName)
+	b.WriteString("# Groups are replicas of one service and may run in different zones; the annotation keeps every group's pods together, one group per zone (more groups than zones leave some pending).\n")
 	b.Write(body)
 	return b.String()
 }

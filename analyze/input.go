@@ -172,6 +172,12 @@ type jobPods struct {
 	coordinatorTolerations [][]corev1.Toleration
 	// rayGroups are the worker group names of a RayCluster.
 	rayGroups []string
+	// set is the object the job is a group of (a LeaderWorkerSet).
+	set string
+	// explicit: some pod coordinates by name or label; guesses are the
+	// rank-0 guesses, which count only without one.
+	explicit bool
+	guesses  []guess
 }
 
 func loadPods(index *topology.Index, rules []topology.Rule, path string) (map[jobKey]*jobPods, error) {
@@ -179,7 +185,13 @@ func loadPods(index *topology.Index, rules []topology.Rule, path string) (map[jo
 	if err != nil {
 		return nil, err
 	}
-	if _, _, err := kube.LoadPods(index, rules, bytes.NewReader(f.json)); err != nil {
+	// Owner objects in the same dump (kubectl get pods,jobs,jobsets,rayclusters)
+	// resolve top owners as the exporter's owner informers do.
+	owners, err := kube.LoadOwners(bytes.NewReader(f.json))
+	if err != nil {
+		return nil, f.wrap(err)
+	}
+	if _, _, err := kube.LoadPodsWithOwners(index, rules, owners, bytes.NewReader(f.json)); err != nil {
 		return nil, f.wrap(err)
 	}
 	jobs := map[jobKey]*jobPods{}
@@ -188,14 +200,14 @@ func loadPods(index *topology.Index, rules []topology.Rule, path string) (map[jo
 		if err := json.Unmarshal(raw, &pod); err != nil {
 			return err
 		}
-		p := kube.PodFrom(rules, &pod)
+		p := kube.PodWithOwners(rules, owners, &pod)
 		if p.Identity.Name == "" {
 			return nil
 		}
 		k := jobKey{p.Namespace, p.Identity.Name}
 		j := jobs[k]
 		if j == nil {
-			j = &jobPods{replicas: map[string]bool{}}
+			j = &jobPods{replicas: map[string]bool{}, set: p.Identity.Set}
 			for _, r := range rules {
 				if pod.Labels[r.NameLabel] != "" {
 					j.selector = r.NameLabel
@@ -205,8 +217,17 @@ func loadPods(index *topology.Index, rules []topology.Rule, path string) (map[jo
 			jobs[k] = j
 		}
 		coord := p.Identity.Role == topology.RoleCoordinator
-		j.replicas[p.Identity.ReplicaType] = j.replicas[p.Identity.ReplicaType] || coord
-		if coord {
+		if _, ok := j.replicas[p.Identity.ReplicaType]; !ok {
+			j.replicas[p.Identity.ReplicaType] = false
+		}
+		switch {
+		case coord && p.Identity.Guess:
+			// Decided below: a rank-0 guess yields to a coordinator by name
+			// or label, as in the index.
+			j.guesses = append(j.guesses, guess{p.Identity.ReplicaType, pod.Spec.Tolerations})
+		case coord:
+			j.explicit = true
+			j.replicas[p.Identity.ReplicaType] = true
 			j.coordinatorTolerations = append(j.coordinatorTolerations, pod.Spec.Tolerations)
 		}
 		if g := pod.Labels["ray.io/group"]; g != "" && !coord && !slices.Contains(j.rayGroups, g) {
@@ -217,5 +238,20 @@ func loadPods(index *topology.Index, rules []topology.Rule, path string) (map[jo
 	if err != nil {
 		return nil, f.wrap(err)
 	}
+	for _, j := range jobs {
+		if j.explicit {
+			continue
+		}
+		for _, g := range j.guesses {
+			j.replicas[g.replicaType] = true
+			j.coordinatorTolerations = append(j.coordinatorTolerations, g.tolerations)
+		}
+	}
 	return jobs, nil
+}
+
+// guess is a pod that coordinates only by rank 0.
+type guess struct {
+	replicaType string
+	tolerations []corev1.Toleration
 }

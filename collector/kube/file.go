@@ -7,6 +7,8 @@ import (
 	"io"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 )
 
 // fileSource is the feed source number used for pods read from files.
@@ -32,13 +34,19 @@ func LoadNodes(index *topology.Index, r io.Reader) (int, error) {
 // the pods that rules identify as job pods. It returns pods read and job
 // pods kept.
 func LoadPods(index *topology.Index, rules []topology.Rule, r io.Reader) (read, kept int, err error) {
+	return LoadPodsWithOwners(index, rules, nil, r)
+}
+
+// LoadPodsWithOwners is LoadPods resolving each pod's top owner through
+// owners (LoadOwners of the same dump, for one).
+func LoadPodsWithOwners(index *topology.Index, rules []topology.Rule, owners topology.Owners, r io.Reader) (read, kept int, err error) {
 	err = decodeObjects(r, "Pod", func(raw json.RawMessage) error {
 		var pod corev1.Pod
 		if err := json.Unmarshal(raw, &pod); err != nil {
 			return err
 		}
 		read++
-		p := PodFrom(rules, &pod)
+		p := PodWithOwners(rules, owners, &pod)
 		if p.Identity.Name != "" {
 			index.UpsertPod(fileSource, p)
 			kept++
@@ -46,6 +54,57 @@ func LoadPods(index *topology.Index, rules []topology.Rule, r io.Reader) (read, 
 		return nil
 	})
 	return read, kept, err
+}
+
+// OwnerTable holds owner objects' controller references, read from a
+// dump: topology.Owners for offline identity.
+type OwnerTable map[ownerKey]topology.OwnerRef
+
+type ownerKey struct{ group, kind, namespace, name string }
+
+// ControllerOf returns the controller reference of the owner object o.
+func (t OwnerTable) ControllerOf(namespace string, o topology.OwnerRef) (topology.OwnerRef, bool) {
+	gv, err := schema.ParseGroupVersion(o.APIVersion)
+	if err != nil {
+		return topology.OwnerRef{}, false
+	}
+	r, ok := t[ownerKey{gv.Group, o.Kind, namespace, o.Name}]
+	return r, ok
+}
+
+// LoadOwners reads the objects of a `kubectl get pods,jobs,jobsets,rayclusters
+// -A -o json` List other than pods and nodes (batch Jobs, JobSets,
+// RayClusters, or any owner object) and keeps each one's controller
+// reference. A dump of pods alone gives an empty table.
+func LoadOwners(r io.Reader) (OwnerTable, error) {
+	t := OwnerTable{}
+	dec := json.NewDecoder(r)
+	for doc := 1; ; doc++ {
+		var head struct {
+			Kind  string            `json:"kind"`
+			Items []json.RawMessage `json:"items"`
+		}
+		if err := dec.Decode(&head); err == io.EOF {
+			return t, nil
+		} else if err != nil {
+			return nil, fmt.Errorf("document %d: %w", doc, err)
+		}
+		if head.Kind != "List" {
+			continue
+		}
+		for _, item := range head.Items {
+			var o metav1.PartialObjectMetadata
+			if err := json.Unmarshal(item, &o); err != nil || o.Kind == "Pod" || o.Kind == "Node" {
+				continue
+			}
+			c := metav1.GetControllerOfNoCopy(&o)
+			gv, err := schema.ParseGroupVersion(o.APIVersion)
+			if c == nil || err != nil {
+				continue
+			}
+			t[ownerKey{gv.Group, o.Kind, o.Namespace, o.Name}] = topology.OwnerRef{APIVersion: c.APIVersion, Kind: c.Kind, Name: c.Name}
+		}
+	}
 }
 
 // decodeObjects calls fn for each object of kind in a List or for a single
