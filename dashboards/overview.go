@@ -160,7 +160,7 @@ func overview(o Options) (dashboard.Dashboard, error) {
 			"Flows zonewatch classified, and flows whose source or destination it could not map to a pod and zone. Many unresolved flows: the topology index lags (check the kubernetes source).",
 			units.EventsPerSecond,
 			rangeQ("sum(rate("+g.self("zonewatch_hubble_flows_processed_total")+"[$__rate_interval]))", "processed"),
-			rangeQ("sum by (side) (rate("+g.self("zonewatch_flows_unresolved_total")+"[$__rate_interval]))", "unresolved {{side}}")).
+			rangeQ("sum by (side) (rate("+g.self("zonewatch_hubble_flows_unresolved_total")+"[$__rate_interval]))", "unresolved {{side}}")).
 			Span(8)).
 		WithPanel(g.timeseries("Hubble reconnects",
 			"Reconnects to Hubble per minute, worst exporters. Steady reconnects mean a flapping Cilium agent or Relay: check its logs.",

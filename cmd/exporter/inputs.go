@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/metadata"
 
 	"github.com/zonewatch/zonewatch/collector/conntrack"
 	"github.com/zonewatch/zonewatch/collector/gpu"
@@ -15,6 +16,9 @@ import (
 // simulate, and every part reads them the same way: no part knows which.
 type inputs struct {
 	kube kubernetes.Interface
+	// meta reads owner objects' metadata (top-owner resolution); nil: the
+	// pods' own owner references only.
+	meta metadata.Interface
 	// hubble is the Observer's address and TLS; the part adds the rest.
 	hubble hubble.Config
 	gpu    gpuInput
@@ -40,10 +44,10 @@ func realInputs(o *options) (*inputs, error) {
 	for _, p := range parts {
 		p.input(in)
 	}
-	client, err := kubeClient(*o.kubeconfig)
+	client, meta, err := kubeClient(*o.kubeconfig)
 	if err != nil {
 		return nil, err
 	}
-	in.kube = client
+	in.kube, in.meta = client, meta
 	return in, nil
 }

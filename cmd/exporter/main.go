@@ -105,7 +105,7 @@ func newApp() (*kingpin.Application, *kingpin.CmdClause, *options) {
 	app.HelpFlag.Short('h')
 	o := &options{}
 	promslogflag.AddFlags(app, &o.log)
-	o.jobRules = app.Flag("kube.job-rule", `Job identity rule "name=LABEL,kind=KIND[,role=LABEL|LABEL][,rank0=LABEL|LABEL]"; repeatable; replaces the built-in rules.`).PlaceHolder("RULE").Strings()
+	o.jobRules = app.Flag("kube.job-rule", "Job identity rule \""+topology.RuleSyntax+"\"; repeatable; replaces the built-in rules (docs/identity.md).").PlaceHolder("RULE").Strings()
 	for _, f := range app.Model().Flags {
 		if f.Name != "help" && f.Name != "version" {
 			app.GetFlag(f.Name).Envar(envOf(f.Name))
@@ -196,6 +196,7 @@ func run(ctx context.Context, args []string) int {
 		logger.Error("setting up informers", "err", err)
 		return 1
 	}
+	live.WithOwners(in.meta, in.kube.Discovery())
 	w.exporter.AddSource("kubernetes", live)
 	w.exporter.Add("placement", collector.NewPlacement(w.index, w.nodeName))
 	go func() {

@@ -263,7 +263,7 @@ func newSelfMetrics() selfMetrics {
 			Help: "Size of each Cilium conntrack map (it follows node memory with bpf-map-dynamic-size-ratio); a full LRU map evicts entries, and their last bytes are not counted."}, []string{"map"}),
 		deleted: prometheus.NewCounter(prometheus.CounterOpts{Name: "zonewatch_conntrack_deleted_entries_total",
 			Help: "Conntrack entries that disappeared between two polls; bytes they moved after the earlier poll were not counted."}),
-		resets: prometheus.NewCounter(prometheus.CounterOpts{Name: "zonewatch_conntrack_counter_resets_total",
+		resets: prometheus.NewCounter(prometheus.CounterOpts{Name: "zonewatch_conntrack_entry_resets_total",
 			Help: "Conntrack entries whose byte counter went down between polls (entry recreated); their whole new counter was counted."}),
 		unattributed: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "zonewatch_conntrack_unattributed_bytes_total",
 			Help: "Measured bytes not added to any job, by reason: no_job (local endpoint is no training-job pod), not_local (no endpoint of the entry on this node), opened_outside_cluster (Cilium 1.16+: connection opened from outside the cluster, which no exporter counts)."}, []string{"reason"}),

@@ -219,7 +219,7 @@ func TestDeltasAcrossPolls(t *testing.T) {
 	if got := series(t, p)[cross]; got != 2700 {
 		t.Fatalf("after reset: %v, want 2700", got)
 	}
-	if got := selfValue(t, reg, "zonewatch_conntrack_counter_resets_total"); got != 1 {
+	if got := selfValue(t, reg, "zonewatch_conntrack_entry_resets_total"); got != 1 {
 		t.Fatalf("resets = %v, want 1", got)
 	}
 	if got := selfValue(t, reg, "zonewatch_conntrack_entries", "map", conntrack.MapTCP4); got != 1 {

@@ -62,7 +62,7 @@ type Metrics struct {
 
 // NewMetrics creates the self metrics and registers them with reg (nil:
 // unregistered, for tests and offline analysis). A metric another part has
-// registered already (zonewatch_flows_unresolved_total) is shared.
+// registered already (zonewatch_hubble_flows_unresolved_total) is shared.
 func NewMetrics(reg prometheus.Registerer) *Metrics {
 	processed := prometheus.NewCounter(prometheus.CounterOpts{Name: "zonewatch_hubble_flows_processed_total",
 		Help: "Hubble flows received and classified (every flow, counted or not)."})
@@ -70,7 +70,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Help: "Times the Hubble flow stream was re-established after it broke."})
 	lost := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "zonewatch_hubble_lost_events_total",
 		Help: "Flow events Hubble reported lost (lost_events), by where they were lost."}, []string{"source"})
-	unresolved := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "zonewatch_flows_unresolved_total",
+	unresolved := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "zonewatch_hubble_flows_unresolved_total",
 		Help: "Counted flows with a side whose cluster address the topology index could not place (side=source|destination); internet peers are not unresolved."}, []string{"side"})
 	if reg != nil {
 		processed = register(reg, processed)
