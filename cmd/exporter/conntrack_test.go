@@ -1,0 +1,76 @@
+package main
+
+import (
+	"log/slog"
+	"net/netip"
+	"os"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/zonewatch/zonewatch/collector"
+	"github.com/zonewatch/zonewatch/collector/conntrack"
+	"github.com/zonewatch/zonewatch/topology"
+)
+
+type flagSource struct{ up atomic.Bool }
+
+func (s *flagSource) Up() bool { return s.up.Load() }
+
+// TestConntrackWaitsForInformers: nodes come in before the job pods; until
+// the informers have synced the conntrack poller holds the growth instead
+// of sending the job's bytes to no_job, then counts them for the job.
+func TestConntrackWaitsForInformers(t *testing.T) {
+	src, err := os.ReadFile("main.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(src), `AddSource("`+kubernetesSource+`"`) {
+		t.Fatalf("main.go registers the informers under another name than %q", kubernetesSource)
+	}
+	e := collector.New(slog.New(slog.DiscardHandler))
+	kube := &flagSource{}
+	e.AddSource(kubernetesSource, kube)
+	ready := informersSynced(e)
+
+	idx := topology.NewIndex()
+	idx.UpsertNode(topology.Node{Name: "n1", Zone: "z-a", PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.1.0.0/24")}})
+	idx.UpsertNode(topology.Node{Name: "n2", Zone: "z-b", PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.2.0.0/24")}})
+	if ready() {
+		t.Fatal("ready with nodes in the index but the informers not synced")
+	}
+	mem := conntrack.NewMemSource()
+	p, err := conntrack.New(mem, idx, conntrack.Config{Node: "n1", Layout: conntrack.LayoutCombined, Ready: ready})
+	if err != nil {
+		t.Fatal(err)
+	}
+	worker, master := netip.MustParseAddr("10.1.0.10"), netip.MustParseAddr("10.2.0.10")
+	entry := func(bytes uint64) *conntrack.MemTable {
+		tab := conntrack.NewMemTable(conntrack.KeySize4)
+		tab.Put(conntrack.Tuple{Src: worker, Dst: master, SrcPort: 40000, DstPort: 29500, Proto: 6},
+			conntrack.Value{Packets: 1 + bytes/1000, Bytes: bytes, TxFlagsSeen: 0x12, RxFlagsSeen: 0x12})
+		return tab
+	}
+	t0 := time.Now()
+	mem.Set(conntrack.MapTCP4, entry(1000))
+	p.Poll(t0)
+	mem.Set(conntrack.MapTCP4, entry(5000))
+	p.Poll(t0.Add(10 * time.Second)) // nodes known, pods not yet: held
+	for _, n := range []struct {
+		name string
+		ip   netip.Addr
+		node string
+	}{{"w-0", worker, "n1"}, {"m-0", master, "n2"}} {
+		idx.UpsertPod(0, topology.Pod{Namespace: "ml", Name: n.name, Node: n.node, IPs: []netip.Addr{n.ip},
+			Identity: topology.Identity{Kind: "PyTorchJob", Name: "train"}})
+	}
+	kube.up.Store(true)
+	if !ready() {
+		t.Fatal("not ready after the informers synced")
+	}
+	p.Poll(t0.Add(20 * time.Second))
+	if got := p.Bytes("ml", "train", "z-a", "z-b", topology.LocalityCrossZone); got != 4000 {
+		t.Fatalf("job bytes = %v, want 4000 (the growth while the pods were unknown)", got)
+	}
+}
