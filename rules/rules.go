@@ -243,7 +243,7 @@ unless on (`+byJob+`) (
 			nodeOf(`sum by (`+byInstance+`) (rate(zonewatch_job_flow_events_total`+sel(crossZone)+`[5m])) > 0
   and on (`+byInstance+`) (zonewatch_source_up`+sel(`source="conntrack"`)+` == 0)`, ""),
 			"zonewatch cannot count cross-zone bytes while Hubble sees cross-zone traffic.",
-			`zonewatch on node {{ $labels.node }} ({{ $labels.instance }}) cannot read Cilium's conntrack byte counters while Hubble sees {{ $value | printf "%.2f" }} cross-zone flow events/s there: cross-zone bytes and their cost are not measured. Run Cilium with bpf.ctAccounting=true.`),
+			`zonewatch on node {{ $labels.node }} ({{ $labels.instance }}) cannot read Cilium's conntrack byte counters while Hubble sees {{ $value | printf "%.2f" }} cross-zone flow events/s there: cross-zone bytes and their cost are not measured. Turn conntrack accounting on the way the node's Cilium version needs: 1.17 and later, Helm bpf.ctAccounting=true (agent flag --bpf-conntrack-accounting) and restart the agents; 1.16, cilium-dbg config ConntrackAccounting=Enabled in every agent pod, again after every agent restart; 1.14/1.15 count by default (if someone disabled it, the same command). The exporter's log on that node names the way for what it sees.`),
 	}}
 	return []group{recording, jobs, health}
 }
