@@ -105,7 +105,7 @@ func newApp() (*kingpin.Application, *kingpin.CmdClause, *options) {
 	app.HelpFlag.Short('h')
 	o := &options{}
 	promslogflag.AddFlags(app, &o.log)
-	o.jobRules = app.Flag("kube.job-rule", "Job identity rule \""+topology.RuleSyntax+"\"; repeatable; replaces the built-in rules (docs/identity.md).").PlaceHolder("RULE").Strings()
+	o.jobRules = app.Flag("kube.job-rule", "Job identity rule \""+topology.RuleSyntax+"\"; repeatable; replaces the built-in rules (docs/topology.md).").PlaceHolder("RULE").Strings()
 	for _, f := range app.Model().Flags {
 		if f.Name != "help" && f.Name != "version" {
 			app.GetFlag(f.Name).Envar(envOf(f.Name))
