@@ -28,10 +28,11 @@ type inputs struct {
 
 // gpuInput is how the GPU part finds its source and the kubelet.
 type gpuInput struct {
-	// source is the --gpu.source value: none turns the part off, auto keeps
-	// probing when open finds nothing (a node whose GPU stack starts late).
+	// source is the --gpu.source value: none turns the part off; auto with
+	// no open finds the source through the API once the node has GPUs.
 	source string
-	// open returns the GPU source to read and its name.
+	// open returns the GPU source to read and its name: the one named on
+	// the command line, or the simulation's fake.
 	open func(context.Context, gpu.Options) (gpu.Source, string, error)
 	// podResources is the kubelet PodResources socket; empty exports GPUs
 	// without job labels.

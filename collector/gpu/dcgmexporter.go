@@ -17,10 +17,6 @@ import (
 	"github.com/prometheus/common/model"
 )
 
-// DefaultDCGMExporterURL is a dcgm-exporter on this host (hostNetwork, or
-// a sidecar). In a DaemonSet set it to http://$(HOST_IP):9400/metrics.
-const DefaultDCGMExporterURL = "http://localhost:9400/metrics"
-
 // maxPage bounds a dcgm-exporter page; eight GPUs with every field are a
 // few hundred kilobytes.
 const maxPage = 32 << 20

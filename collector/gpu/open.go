@@ -50,6 +50,9 @@ func Open(name string, o Options) (Source, error) {
 		}
 		return &lazy{open: func() (Source, error) { return openNVML(o.Logger) }}, nil
 	case SourceDCGMExporter:
+		if o.DCGMExporterURL == "" {
+			return nil, errors.New("--gpu.source=dcgm-exporter needs --gpu.dcgm-exporter-url, or a node name to find this node's dcgm-exporter pod")
+		}
 		return NewDCGMExporter(o.DCGMExporterURL, o.Skipped), nil
 	}
 	return nil, fmt.Errorf("unknown GPU source %q", name)
@@ -59,9 +62,32 @@ const probeTimeout = 5 * time.Second
 
 var errNVMLNotBuilt = errors.New("nvml: not built into this binary (build with -tags nvml and CGO_ENABLED=1)")
 
-// Probe is --gpu.source=auto: it tries DCGM, then NVML, then the
-// dcgm-exporter page, and returns the first that reads. err joins every
-// attempt's error when none does (a node without GPUs).
+// AutoSource is --gpu.source=auto on a node the API says has GPUs: NVML
+// where this binary has it and it reads, else the dcgm-exporter page at
+// o.DCGMExporterURL when set, else this node's dcgm-exporter pod as d finds
+// it. The dcgm-exporter sources fail their reads, saying what to change,
+// until there is a page to read.
+func AutoSource(ctx context.Context, d *Discovery, o Options) (Source, string) {
+	if NVMLBuiltIn {
+		ctx, cancel := context.WithTimeout(ctx, probeTimeout)
+		defer cancel()
+		if s, err := openNVML(o.Logger); err == nil {
+			if _, err = s.Read(ctx); err == nil {
+				return s, SourceNVML
+			}
+			closeSource(s)
+		}
+	}
+	if o.DCGMExporterURL != "" {
+		return NewDCGMExporter(o.DCGMExporterURL, o.Skipped), SourceDCGMExporter
+	}
+	return NewDiscoveredDCGMExporter(d, o), SourceDCGMExporter + " pod"
+}
+
+// Probe is --gpu.source=auto without a node to look up: it tries DCGM,
+// then NVML, then the dcgm-exporter page at o.DCGMExporterURL, and returns
+// the first that reads. err joins every attempt's error when none does (a
+// node without GPUs).
 func Probe(ctx context.Context, o Options) (Source, string, error) {
 	// The exporter's start waits for this: a dcgm-exporter address that
 	// drops packets must not hang it.
@@ -77,6 +103,9 @@ func Probe(ctx context.Context, o Options) (Source, string, error) {
 			closeSource(s)
 		}
 		errs = append(errs, err)
+	}
+	if o.DCGMExporterURL == "" {
+		return nil, "", errors.Join(append(errs, errors.New("no --gpu.dcgm-exporter-url"))...)
 	}
 	d := NewDCGMExporter(o.DCGMExporterURL, o.Skipped)
 	ss, err := d.Read(ctx)
