@@ -9,10 +9,12 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"log/slog"
 	"math/big"
 	"net"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -115,16 +117,16 @@ func TestRelayMutualTLS(t *testing.T) {
 
 	good := TLSConfig{Enabled: true, CAFile: filepath.Join(dir, "ca.crt"), CertFile: filepath.Join(dir, "client.crt"),
 		KeyFile: filepath.Join(dir, "client.key"), ServerName: "ui.hubble-relay.cilium.io"}
-	run := func(cfg TLSConfig) (*Client, *Aggregator, context.CancelFunc) {
+	run := func(cfg TLSConfig, logger *slog.Logger) (*Client, *Aggregator, context.CancelFunc) {
 		agg := NewAggregator(indexOf(s), "", time.Minute, nil)
 		c := NewClient(Config{Address: lis.Addr().String(), TLS: cfg, Since: t0.Add(-time.Second),
-			BackoffMin: 10 * time.Millisecond, BackoffMax: 20 * time.Millisecond}, agg)
+			BackoffMin: 10 * time.Millisecond, BackoffMax: 20 * time.Millisecond, Logger: logger}, agg)
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan struct{})
 		go func() { c.Run(ctx); close(done) }()
 		return c, agg, func() { cancel(); <-done }
 	}
-	c, agg, stop := run(good)
+	c, agg, stop := run(good, nil)
 	defer stop()
 	h.Generate(t0, 2*time.Second)
 	waitFor(t, "drops over mutual TLS", func() bool { return agg.Drops().Value(blockedDrops) == 4 })
@@ -137,8 +139,11 @@ func TestRelayMutualTLS(t *testing.T) {
 	wrongName := good
 	wrongName.ServerName = "relay.example.com"
 	for name, cfg := range map[string]TLSConfig{"no client certificate": noCert, "wrong server name": wrongName} {
-		c, agg, stop := run(cfg)
-		time.Sleep(300 * time.Millisecond)
+		// Not a sleep: wait until the client has failed twice, then it
+		// must still be down with nothing counted.
+		var failed failures
+		c, agg, stop := run(cfg, slog.New(&failed))
+		waitFor(t, name+": two failed connection attempts", func() bool { return failed.n.Load() >= 2 })
 		stop()
 		if c.Up() || agg.Drops().Len() != 0 {
 			t.Errorf("%s: connected", name)
@@ -150,6 +155,23 @@ func TestRelayMutualTLS(t *testing.T) {
 	if _, err := transportCredentials(TLSConfig{Enabled: true, CAFile: filepath.Join(dir, "client.key")}); err == nil {
 		t.Error("a CA file without certificates accepted")
 	}
+}
+
+// failures is a slog handler counting the client's log lines that carry an
+// error: one per failed connection attempt.
+type failures struct{ n atomic.Int32 }
+
+func (f *failures) Enabled(context.Context, slog.Level) bool { return true }
+func (f *failures) WithAttrs([]slog.Attr) slog.Handler       { return f }
+func (f *failures) WithGroup(string) slog.Handler            { return f }
+func (f *failures) Handle(_ context.Context, r slog.Record) error {
+	r.Attrs(func(a slog.Attr) bool {
+		if a.Key == "err" {
+			f.n.Add(1)
+		}
+		return true
+	})
+	return nil
 }
 
 func newCert(t *testing.T, parent *x509.Certificate, parentKey *ecdsa.PrivateKey, name string, isCA bool) (*x509.Certificate, *ecdsa.PrivateKey) {
