@@ -12,6 +12,8 @@ K8S_STAGING_VERSION=v0.37.2
 PROMETHEUS_VERSION=v0.316.0
 ALERTMANAGER_VERSION=v0.31.1
 HELM_VERSION=v3.22.0
+# staticcheck 2026.1 (v0.8.x) is the first release for Go 1.26.
+STATICCHECK_VERSION=v0.8.2
 
 root=$(cd "$(dirname "$0")/.." && pwd)
 tools=${ZONEWATCH_TOOLS:-$root/.tools}
@@ -34,9 +36,14 @@ etcd_bin() {
   log "installing etcd-server from Debian"
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq >&2
-  apt-get install -y -qq --no-install-recommends etcd-server >&2
-  # The package starts a system etcd on :2379; tests run their own.
-  (systemctl stop etcd 2>/dev/null || service etcd stop 2>/dev/null || pkill -x etcd || true) >/dev/null 2>&1
+  # Tests run their own etcd on free ports: keep the package from starting
+  # one, with Debian's policy-rc.d hook while apt runs (nothing is killed).
+  local hook=/usr/sbin/policy-rc.d own=
+  if [ ! -e "$hook" ]; then printf '#!/bin/sh\nexit 101\n' >"$hook"; chmod +x "$hook"; own=1; fi
+  apt-get install -y -qq --no-install-recommends etcd-server >&2 || { [ -z "$own" ] || rm -f "$hook"; return 1; }
+  [ -z "$own" ] || rm -f "$hook"
+  # Where systemd runs it, the unit stays off at boot too.
+  if [ -d /run/systemd/system ]; then systemctl disable --now etcd >/dev/null 2>&1 || true; fi
 }
 
 # kube-apiserver is not a go-installable module on its own: k8s.io/kubernetes
@@ -74,6 +81,7 @@ goinstall "alertmanager-$ALERTMANAGER_VERSION" \
   "github.com/prometheus/alertmanager/cmd/alertmanager@$ALERTMANAGER_VERSION" \
   "github.com/prometheus/alertmanager/cmd/amtool@$ALERTMANAGER_VERSION"
 goinstall "helm-$HELM_VERSION" "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
+goinstall "staticcheck-$STATICCHECK_VERSION" "honnef.co/go/tools/cmd/staticcheck@$STATICCHECK_VERSION"
 
 # Node.js for the dashboard schema check (the machine image usually has it).
 if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
@@ -90,5 +98,6 @@ ln -sf "$(command -v etcd)" "$tools/bin/etcd"
 for b in prometheus promtool; do ln -sf "$tools/prometheus-$PROMETHEUS_VERSION/$b" "$tools/bin/$b"; done
 for b in alertmanager amtool; do ln -sf "$tools/alertmanager-$ALERTMANAGER_VERSION/$b" "$tools/bin/$b"; done
 ln -sf "$tools/helm-$HELM_VERSION/helm" "$tools/bin/helm"
+ln -sf "$tools/staticcheck-$STATICCHECK_VERSION/staticcheck" "$tools/bin/staticcheck"
 log "ready in $tools/bin"
 echo "$tools/bin"

@@ -181,6 +181,11 @@ func (c *ctSource) Open(name string) (conntrack.Table, error) {
 		size = conntrack.KeySize6
 	}
 	t := conntrack.NewMemTable(size)
+	// Cilium's default sizes (bpf-ct-global-tcp-max, -any-max).
+	t.Max = 262144
+	if tcp {
+		t.Max = 524288
+	}
 	for _, e := range c.s.ConntrackEntries(c.node, c.now().Sub(c.start)) {
 		if e.Src.Is6() != v6 || (e.Proto == 6) != tcp {
 			continue

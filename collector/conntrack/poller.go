@@ -253,6 +253,13 @@ type selfMetrics struct {
 // series per endpoint would grow with the pods.
 const localMapLabel = "per_endpoint"
 
+func mapLabel(name string) string {
+	if LocalMap(name) {
+		return localMapLabel
+	}
+	return name
+}
+
 func newSelfMetrics() selfMetrics {
 	m := selfMetrics{
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "zonewatch_conntrack_errors_total",
@@ -520,6 +527,7 @@ func (p *Poller) table(name string, t Table) *tableState {
 		ts.id = id
 		ts.layout = p.cfg.Layout
 		p.tables[name] = ts
+		p.m.layoutChanges.WithLabelValues(mapLabel(name))
 	}
 	return ts
 }
@@ -527,7 +535,7 @@ func (p *Poller) table(name string, t Table) *tableState {
 // read walks one map: baselines, deltas, and the evidence for the checks.
 func (p *Poller) read(name string, t Table, now time.Time, st *pollStats) error {
 	ts := p.table(name, t)
-	if m, ok := t.(interface{ MaxEntries() uint32 }); ok && !LocalMap(name) {
+	if m, ok := t.(interface{ MaxEntries() uint32 }); ok && m.MaxEntries() > 0 && !LocalMap(name) {
 		p.m.maxEntries.WithLabelValues(name).Set(float64(m.MaxEntries()))
 	}
 	var limit uint64 = maxBytesPerSecond
@@ -698,7 +706,7 @@ func (p *Poller) decideLayout(name string, ts *tableState) {
 		p.log.Warn("conntrack layout changed: the entries created since say otherwise (Cilium upgraded or downgraded across 1.16?)",
 			"map", name, "was", ts.layout.String(), "layout", l.String(),
 			"split_votes", ts.young[EvidenceSplit], "combined_votes", ts.young[EvidenceCombined])
-		p.m.layoutChanges.WithLabelValues(name).Inc()
+		p.m.layoutChanges.WithLabelValues(mapLabel(name)).Inc()
 		p.setLayout(ts, l)
 		return
 	}

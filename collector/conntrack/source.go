@@ -189,6 +189,8 @@ type MemTable struct {
 	// ID, when set, is the map's identity (MapID): another ID under the
 	// same name is a recreated map.
 	ID uint64
+	// Max, when set, is the map's size (MaxEntries).
+	Max uint32
 }
 
 // NewMemTable returns an empty table for v4 (keySize 14) or v6 (38) keys.
@@ -218,10 +220,11 @@ func (t *MemTable) SetBytes(i int, bytes uint64) {
 	binary.NativeEndian.PutUint64(b, bytes)
 }
 
-func (t *MemTable) MapID() uint64  { return t.ID }
-func (t *MemTable) KeySize() int   { return t.keySize }
-func (t *MemTable) ValueSize() int { return ValueSize }
-func (t *MemTable) Close() error   { return nil }
+func (t *MemTable) MapID() uint64      { return t.ID }
+func (t *MemTable) MaxEntries() uint32 { return t.Max }
+func (t *MemTable) KeySize() int       { return t.keySize }
+func (t *MemTable) ValueSize() int     { return ValueSize }
+func (t *MemTable) Close() error       { return nil }
 
 func (t *MemTable) Each(fn func(key, value []byte)) error {
 	n := t.Len()
