@@ -194,3 +194,31 @@ func equalMaps(a, b map[string]string) bool {
 	}
 	return true
 }
+
+// Point 9, late owner: the JobSet's TrainJob owner becomes known after its
+// pods were identified; every pod of the job follows, and the *Job handed
+// out before keeps its old value.
+func TestIndexJobKindFollowsOwner(t *testing.T) {
+	x := zonedIndex(t, []placed{
+		{name: "llm-node-0-0-a", meta: jobsetPod("llm", "node", 0, 0, ""), node: "n-a", ip: "10.0.0.1"},
+		{name: "llm-node-0-1-b", meta: jobsetPod("llm", "node", 0, 1, ""), node: "n-a"},
+	}, nil)
+	before, _ := x.LookupIP(netip.MustParseAddr("10.0.0.1"))
+	owners := ownerMap{
+		{APIVersion: "batch/v1", Kind: "Job", Name: "llm-node-0"}:             {APIVersion: "jobset.x-k8s.io/v1alpha2", Kind: "JobSet", Name: "llm"},
+		{APIVersion: "jobset.x-k8s.io/v1alpha2", Kind: "JobSet", Name: "llm"}: {APIVersion: "trainer.kubeflow.org/v1alpha1", Kind: "TrainJob", Name: "llm"},
+	}
+	// The feed re-identifies one pod: the whole job takes the kind.
+	id, _ := Identify(DefaultRules(), jobsetPod("llm", "node", 0, 1, ""), owners)
+	x.UpsertPod(0, Pod{Namespace: "ml", Name: "llm-node-0-1-b", Node: "n-a", Identity: id})
+	jp := x.Placements("")
+	if len(jp) != 1 || jp[0].Job.Kind != "TrainJob" || len(jp[0].Pods) != 2 {
+		t.Fatalf("placements: %+v", jp)
+	}
+	if e, _ := x.LookupIP(netip.MustParseAddr("10.0.0.1")); e.Job.Kind != "TrainJob" {
+		t.Fatalf("lookup after: %+v", e.Job)
+	}
+	if before.Job.Kind != "JobSet" {
+		t.Fatalf("the *Job handed out before changed: %+v", before.Job)
+	}
+}

@@ -226,8 +226,19 @@ func (x *Index) UpsertPod(source int, p Pod) {
 	x.pods[k] = rec
 	jk := jobKey{p.Namespace, p.Identity.Name}
 	j := x.jobs[jk]
-	if j == nil {
+	switch {
+	case j == nil:
 		j = &jobRec{Job: Job{Namespace: p.Namespace, Name: p.Identity.Name, Kind: p.Identity.Kind}, pods: map[podKey]*podRec{}}
+		x.jobs[jk] = j
+	case j.Kind != p.Identity.Kind:
+		// The kind became known (its owner arrived): a new record, since
+		// consumers hold the old *Job without the lock.
+		nj := *j
+		nj.Kind = p.Identity.Kind
+		for _, o := range nj.pods {
+			o.job = &nj
+		}
+		j = &nj
 		x.jobs[jk] = j
 	}
 	j.pods[k] = rec
