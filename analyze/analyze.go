@@ -259,8 +259,9 @@ func readFlows(path string, agg *hubble.Aggregator, own map[jobKey]*ownTraffic, 
 			rep.UnresolvedFlows++
 		}
 		// Traffic between two pods of one job in different zones: what
-		// makes a split job blocked (dropped) or slow (forwarded).
-		if r.Job == nil || r.Src.Job != r.Job || r.Dst.Job != r.Job ||
+		// makes a split job blocked (dropped) or slow (forwarded). The
+		// peer relation is the exporter's own (the peer label).
+		if r.Job == nil || r.Peer != hubble.PeerJob ||
 			(r.Locality != topology.LocalityCrossZone && r.Locality != topology.LocalityCrossRegion) {
 			return
 		}

@@ -111,11 +111,11 @@ func jobDrilldown(o Options) (dashboard.Dashboard, error) {
 			instantQ(sel(ruleSMActive), "")).
 			NoValue("not reported").
 			Thresholds(thresholds(base("red"), at(0.1, "orange"), at(0.5, "green")))).
-		WithPanel(g.timeseries("Job average: utilization against SM activity",
-			"The gap between the two lines is time GPUs look busy but compute nothing. A wide gap on a split job says co-locate it.",
+		WithPanel(g.timeseries("Job average: utilization against the activity signal",
+			"The gap between the lines is time GPUs look busy but compute nothing (NCCL kernels spinning on the network keep GPU_UTIL up). The activity signal is SM activity where reported, else tensor, else graphics-engine activity: the one the slowdown alert reads. A wide gap on a split job says co-locate it.",
 			units.PercentUnit,
 			rangeQ(sel(ruleGPUUtil), "utilization"),
-			rangeQ(sel(ruleSMActive), "SM activity")).
+			rangeQ(sel(ruleActivity), "activity ({{signal}})")).
 			Max(1).
 			Height(4)).
 		WithPanel(g.timeseries("GPU utilization per pod",
@@ -141,18 +141,26 @@ func jobDrilldown(o Options) (dashboard.Dashboard, error) {
 		WithPanel(g.timeseries("Policy drops by zone pair",
 			"Packets of this job dropped by network policy, by source and destination zone. Drops between the coordinator's zone and the workers' zones block rendezvous: co-locate the job or allow the traffic.",
 			units.EventsPerSecond,
-			rangeQ("sum by (src_zone, dst_zone, direction) (rate("+sel(metricDrops)+"[$__rate_interval]))", "{{src_zone}} → {{dst_zone}} ({{direction}})"))).
+			rangeQ("sum by (src_zone, dst_zone, direction, peer) (rate("+sel(metricDrops)+"[$__rate_interval]))", "{{src_zone}} → {{dst_zone}} ({{direction}}, peer {{peer}})"))).
 		WithPanel(g.timeseries("Policy drops by denying policy",
 			"The policies that drop this job's traffic, with Cilium's drop reason. (not named) = Cilium did not report the policy (1.16+ names it on policy-verdict events).",
 			units.EventsPerSecond,
 			rangeQ(`label_replace(sum by (policy, reason) (rate(`+sel(metricDrops)+`[$__rate_interval])), "policy", "(not named)", "policy", "")`, "{{policy}}: {{reason}}"))).
 		WithPanel(g.orderedTable("Denying policies over the selected range",
 			"Every policy that dropped this job's packets in the selected time range, with direction, zones and reason: hand this row to the policy owner.",
-			[]string{"policy", "direction", "src_zone", "dst_zone", "locality", "reason"},
-			column{"Drops", units.NoUnit, `label_replace(sum by (policy, direction, src_zone, dst_zone, locality, reason) (increase(` + sel(metricDrops) + `[$__range])), "policy", "(not named)", "policy", "")`},
+			[]string{"policy", "peer", "direction", "src_zone", "dst_zone", "locality", "reason"},
+			column{"Drops", units.NoUnit, `label_replace(sum by (policy, peer, direction, src_zone, dst_zone, locality, reason) (increase(` + sel(metricDrops) + `[$__range])), "policy", "(not named)", "policy", "")`},
 		).
 			SortBy(sortDesc("Drops")).
 			NoValue("no drops").
+			Height(7)).
+		WithPanel(g.orderedTable("Drops toward peers outside the job",
+			"Cross-zone policy drops between this job and other workloads (a storage service, another job, a host) or the internet, by the peer's workload. Co-locating the job does not fix these: the policy, or the peer's zone, does. Empty workload: a host, a world address, or a peer beyond the 8 an exporter names per job.",
+			[]string{"peer", "peer_namespace", "peer_workload", "policy"},
+			column{"Drops", units.NoUnit, `label_replace(sum by (peer, peer_namespace, peer_workload, policy) (increase(` + sel(metricPeerDrops, crossZone) + `[$__range])), "policy", "(not named)", "policy", "")`},
+		).
+			SortBy(sortDesc("Drops")).
+			NoValue("no drops toward other workloads").
 			Height(7)).
 		WithPanel(g.timeseries("Flow events by locality and verdict",
 			"Flow events of the job (about one per connection direction every 5 s; counts, not bytes) by locality and verdict. cross_zone forwarded flows = a split job talks across zones.",

@@ -49,8 +49,12 @@ func testRulesConfig() rules.Config {
 		// Longer than a split job's drops or cross-zone flows take to show
 		// up, so a job about to page or warn does not first open a ticket.
 		SplitZonePlacement: 20 * time.Second,
-		ExporterDown:       10 * time.Second,
-		ExporterAbsent:     10 * time.Second,
+		// Longer than the GPU series take to show a blocked job idle, so
+		// the page's job does not first open the blocked ticket.
+		BlockedSplitJob: 20 * time.Second,
+		PeerPolicyDrops: 10 * time.Second,
+		ExporterDown:    10 * time.Second,
+		ExporterAbsent:  10 * time.Second,
 		// The health alerts wait out a starved test machine: its fakes can
 		// stall for seconds when every core is busy.
 		HubbleDisconnected:    10 * time.Second,

@@ -43,14 +43,22 @@ type Config struct {
 	// SlowdownSMActive: a split job whose SM activity (0..1) averages below
 	// this while its traffic crosses zones is slowed by the zone hop.
 	SlowdownSMActive float64
-	// SlowdownGPUUtilization replaces SlowdownSMActive for jobs whose GPU
-	// source reports no SM activity.
+	// SlowdownTensorActive replaces SlowdownSMActive for jobs whose GPU
+	// source reports tensor-pipe activity but no SM activity (dcgm-exporter's
+	// default counters). Tensor pipes idle while NCCL spins.
+	SlowdownTensorActive float64
+	// SlowdownGraphicsEngineActive is used where the source reports neither
+	// (graphics-engine activity only).
+	SlowdownGraphicsEngineActive float64
+	// SlowdownGPUUtilization is used where the source reports only GPU_UTIL.
 	SlowdownGPUUtilization float64
 	// DropRate is the cross-zone policy drop rate (drops/s) above which a
 	// job counts as blocked; 0 means any drop.
 	DropRate float64
-	// HubbleLostEventsRatio is the share (0..1) of Hubble events lost on a
-	// node above which ZonewatchHubbleLostEvents fires.
+	// HubbleLostEventsRatio: lost Hubble events per flow zonewatch received
+	// on a node above which ZonewatchHubbleLostEvents fires. Lost events
+	// are of every kind (before the server-side filter), so this bounds the
+	// share of zonewatch's flows lost from above.
 	HubbleLostEventsRatio float64
 
 	// For holds every alert's `for:` duration.
@@ -61,6 +69,8 @@ type Config struct {
 // whole milliseconds.
 type ForDurations struct {
 	IdleGPUSplitJob       time.Duration
+	BlockedSplitJob       time.Duration
+	PeerPolicyDrops       time.Duration
 	CrossZoneSlowdown     time.Duration
 	CrossZoneCost         time.Duration
 	SplitZonePlacement    time.Duration
@@ -82,11 +92,23 @@ func DefaultConfig() Config {
 		CrossZoneDailyBudgetDollars: 50,
 		IdleGPUUtilization:          0.05,
 		SlowdownSMActive:            0.5,
-		SlowdownGPUUtilization:      0.5,
-		DropRate:                    0,
-		HubbleLostEventsRatio:       0.01,
+		// Training kernels keep tensor pipes busy a smaller share of the
+		// time than SMs; 0.2 is well under a healthy transformer's.
+		SlowdownTensorActive:         0.2,
+		SlowdownGraphicsEngineActive: 0.5,
+		SlowdownGPUUtilization:       0.5,
+		DropRate:                     0,
+		HubbleLostEventsRatio:        0.01,
 		For: ForDurations{
-			IdleGPUSplitJob:       10 * time.Minute,
+			// The page's evidence is conjunctive (split, own cross-zone
+			// traffic denied, idle GPUs): 4m after the first rate, so
+			// within 6m of the first drop with 30s scrapes and 1m rule
+			// evaluation (docs/runbooks.md).
+			IdleGPUSplitJob: 4 * time.Minute,
+			// Without the GPU evidence a job starting up may see policy
+			// drops while Cilium computes its endpoints' policy: longer.
+			BlockedSplitJob:       10 * time.Minute,
+			PeerPolicyDrops:       15 * time.Minute,
 			CrossZoneSlowdown:     30 * time.Minute,
 			CrossZoneCost:         time.Hour,
 			SplitZonePlacement:    15 * time.Minute,
@@ -124,6 +146,8 @@ func (c Config) Validate() error {
 		{"drop rate", c.DropRate, -1},
 		{"idle GPU utilization", c.IdleGPUUtilization, 1},
 		{"slowdown SM active", c.SlowdownSMActive, 1},
+		{"slowdown tensor active", c.SlowdownTensorActive, 1},
+		{"slowdown graphics engine active", c.SlowdownGraphicsEngineActive, 1},
 		{"slowdown GPU utilization", c.SlowdownGPUUtilization, 1},
 		{"Hubble lost events ratio", c.HubbleLostEventsRatio, 1},
 	} {
@@ -147,6 +171,8 @@ type namedDuration struct {
 func (f ForDurations) list() []namedDuration {
 	return []namedDuration{
 		{"idleGPUSplitJob", f.IdleGPUSplitJob},
+		{"blockedSplitJob", f.BlockedSplitJob},
+		{"peerPolicyDrops", f.PeerPolicyDrops},
 		{"crossZoneSlowdown", f.CrossZoneSlowdown},
 		{"crossZoneCost", f.CrossZoneCost},
 		{"splitZonePlacement", f.SplitZonePlacement},

@@ -34,11 +34,13 @@ func knobs() []knob {
 		{"crossZoneDollarsPerGB", "USD per GB (10^9 bytes) crossing zones. zonewatch counts bytes once, on the sending side: where the cloud bills both directions (AWS: 0.01 out + 0.01 in) put the sum.", func(c Config) any { return c.CrossZoneDollarsPerGB }},
 		{"gpuDollarsPerHour", "USD per GPU-hour, for the idle-GPU cost of split jobs.", func(c Config) any { return c.GPUDollarsPerHour }},
 		{"crossZoneDailyBudgetDollars", "ZonewatchCrossZoneCost fires when a job's projected cross-zone spend per day exceeds this (USD).", func(c Config) any { return c.CrossZoneDailyBudgetDollars }},
-		{"idleGPUUtilization", "GPU utilization (0..1) below which a split job with dropped cross-zone traffic pages (ZonewatchIdleGPUSplitJob), and below which its GPUs count as idle in the cost rule.", func(c Config) any { return c.IdleGPUUtilization }},
+		{"idleGPUUtilization", "GPU utilization (0..1; graphics-engine, SM or tensor activity where the source has no utilization) below which a split job whose own cross-zone traffic is dropped pages (ZonewatchIdleGPUSplitJob), and below which its GPUs count as idle in the cost rule.", func(c Config) any { return c.IdleGPUUtilization }},
 		{"slowdownSMActive", "SM activity (0..1) below which a split job with cross-zone traffic warns (ZonewatchCrossZoneSlowdown).", func(c Config) any { return c.SlowdownSMActive }},
-		{"slowdownGPUUtilization", "GPU utilization (0..1) used instead of slowdownSMActive where the GPU source reports no SM activity.", func(c Config) any { return c.SlowdownGPUUtilization }},
-		{"dropRate", "Cross-zone policy drops per second above which a job counts as blocked; 0 means any drop.", func(c Config) any { return c.DropRate }},
-		{"hubbleLostEventsRatio", "Share (0..1) of Hubble events lost on a node above which ZonewatchHubbleLostEvents fires.", func(c Config) any { return c.HubbleLostEventsRatio }},
+		{"slowdownTensorActive", "Tensor-pipe activity (0..1) used instead of slowdownSMActive where the GPU source reports no SM activity (dcgm-exporter's default counters).", func(c Config) any { return c.SlowdownTensorActive }},
+		{"slowdownGraphicsEngineActive", "Graphics-engine activity (0..1) used where the GPU source reports neither SM nor tensor activity.", func(c Config) any { return c.SlowdownGraphicsEngineActive }},
+		{"slowdownGPUUtilization", "GPU utilization (0..1) used where the GPU source reports only GPU_UTIL.", func(c Config) any { return c.SlowdownGPUUtilization }},
+		{"dropRate", "Cross-zone policy drops per second (between a job's own pods; toward other peers for ZonewatchPeerPolicyDrops) above which a job counts as blocked; 0 means any drop.", func(c Config) any { return c.DropRate }},
+		{"hubbleLostEventsRatio", "Lost Hubble events (of every kind) per flow zonewatch received on a node above which ZonewatchHubbleLostEvents fires.", func(c Config) any { return c.HubbleLostEventsRatio }},
 	}
 	for i, f := range DefaultConfig().For.list() {
 		i := i

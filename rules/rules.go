@@ -1,5 +1,7 @@
 package rules
 
+import "strings"
+
 // The rule definitions are written once, with placeholders (tokens) where a
 // Config value goes. render.go fills the tokens with a Config's values, or
 // with Helm expressions for the chart template.
@@ -17,15 +19,33 @@ func tok(key string) string { return "@@" + key + "@@" }
 
 // Recording rule names. Dashboards and the e2e tests query these.
 const (
-	RecJobZones               = "namespace_job_name:zonewatch_job_zones:max"
-	RecJobSplitZone           = "namespace_job_name:zonewatch_job_split_zone:max"
-	RecJobPods                = "namespace_job_name_role_zone:zonewatch_job_pods:count"
-	RecGPUs                   = "namespace_job_name:zonewatch_gpus:count"
-	RecGPUUtilization         = "namespace_job_name:zonewatch_gpu_utilization_ratio:avg"
-	RecGPUSMActive            = "namespace_job_name:zonewatch_gpu_sm_active_ratio:avg"
-	RecPolicyDrops            = "namespace_job_name_locality:zonewatch_job_policy_drops:rate5m"
-	RecCrossZonePolicyDrops   = "namespace_job_name_src_zone_dst_zone_policy:zonewatch_job_cross_zone_policy_drops:rate5m"
-	RecCrossZoneFlowEvents    = "namespace_job_name:zonewatch_job_cross_zone_flow_events:rate5m"
+	RecJobZones          = "namespace_job_name:zonewatch_job_zones:max"
+	RecJobSplitZone      = "namespace_job_name:zonewatch_job_split_zone:max"
+	RecJobPods           = "namespace_job_name_role_zone:zonewatch_job_pods:count"
+	RecGPUs              = "namespace_job_name:zonewatch_gpus:count"
+	RecGPUUtilization    = "namespace_job_name:zonewatch_gpu_utilization_ratio:avg"
+	RecGPUSMActive       = "namespace_job_name:zonewatch_gpu_sm_active_ratio:avg"
+	RecGPUTensorActive   = "namespace_job_name:zonewatch_gpu_tensor_active_ratio:avg"
+	RecGPUGraphicsEngine = "namespace_job_name:zonewatch_gpu_graphics_engine_active_ratio:avg"
+	// RecGPUActivity is the one activity signal per job: SM activity where
+	// reported, else tensor-pipe, else graphics-engine activity, else
+	// GPU_UTIL; its signal label says which.
+	RecGPUActivity = "namespace_job_name_signal:zonewatch_gpu_activity_ratio:avg"
+	// RecGPUBusy says whether anything runs, for idleness: GPU_UTIL, else
+	// graphics-engine, SM or tensor activity (MIG has no GPU_UTIL).
+	RecGPUBusy              = "namespace_job_name:zonewatch_gpu_busy_ratio:avg"
+	RecPolicyDrops          = "namespace_job_name_locality:zonewatch_job_policy_drops:rate5m"
+	RecCrossZonePolicyDrops = "namespace_job_name_peer_src_zone_dst_zone_policy:zonewatch_job_cross_zone_policy_drops:rate5m"
+	// RecOwnCrossZonePolicyDrops: drops between the job's own pods across
+	// zones (peer="job"), the evidence of the page and the blocked alert.
+	RecOwnCrossZonePolicyDrops = "namespace_job_name:zonewatch_job_own_cross_zone_policy_drops:rate5m"
+	// RecPeerPolicyDrops: cross-zone drops toward peers outside the job, by
+	// the peer's workload.
+	RecPeerPolicyDrops     = "namespace_job_name_peer_peer_namespace_peer_workload_policy:zonewatch_job_peer_cross_zone_policy_drops:rate5m"
+	RecCrossZoneFlowEvents = "namespace_job_name:zonewatch_job_cross_zone_flow_events:rate5m"
+	// RecOwnCrossZoneFlowEvents: flow events between the job's own pods
+	// across zones, the slowdown's evidence that collectives cross zones.
+	RecOwnCrossZoneFlowEvents = "namespace_job_name:zonewatch_job_own_cross_zone_flow_events:rate5m"
 	RecCrossZoneBytes         = "namespace_job_name:zonewatch_job_cross_zone_bytes:rate5m"
 	RecCrossZoneCost          = "namespace_job_name:zonewatch_cross_zone_cost_dollars_per_hour:rate5m"
 	RecNamespaceCrossZoneCost = "namespace:zonewatch_cross_zone_cost_dollars_per_hour:rate5m"
@@ -35,6 +55,8 @@ const (
 // Alert names.
 const (
 	AlertIdleGPUSplitJob       = "ZonewatchIdleGPUSplitJob"
+	AlertBlockedSplitJob       = "ZonewatchBlockedSplitJob"
+	AlertPeerPolicyDrops       = "ZonewatchPeerPolicyDrops"
 	AlertCrossZoneSlowdown     = "ZonewatchCrossZoneSlowdown"
 	AlertCrossZoneCost         = "ZonewatchCrossZoneCost"
 	AlertSplitZonePlacement    = "ZonewatchSplitZonePlacement"
@@ -84,50 +106,65 @@ func sel(extra ...string) string {
 
 // perJob is the printf call of a template query for one job's series of a
 // recorded metric: the alert's own namespace, job_name (and cluster).
-func perJob(metric string) string {
-	return `(printf "` + metric + `{namespace=%q,job_name=%q` + tClusterMatcher + `}" $labels.namespace $labels.job_name` + tClusterArg + `)`
+func perJob(metric string) string { return perJobWith(metric, "") }
+
+// perJobWith is perJob with extra matchers (`,peer="job"`).
+func perJobWith(metric, extra string) string {
+	extra = strings.ReplaceAll(extra, `"`, `\"`)
+	return `(printf "` + metric + `{namespace=%q,job_name=%q` + extra + tClusterMatcher + `}" $labels.namespace $labels.job_name` + tClusterArg + `)`
 }
 
 // Description fragments that look up a job's placement, drops and traffic.
 var (
 	jobName        = `{{ $labels.namespace }}/{{ $labels.job_name }}`
 	jobZones       = `{{ range $i, $s := query ` + perJob(RecJobPods) + ` | sortByLabel "zone" | sortByLabel "role" }}{{ if $i }}; {{ end }}{{ $s.Labels.role }} pods in {{ $s.Labels.zone }}: {{ $s.Value }}{{ end }}`
-	jobDrops       = `{{ range $i, $s := query ` + perJob(RecCrossZonePolicyDrops) + ` | sortByLabel "policy" | sortByLabel "dst_zone" | sortByLabel "src_zone" }}{{ if $i }}; {{ end }}{{ $s.Labels.src_zone }} -> {{ $s.Labels.dst_zone }} denied by {{ with $s.Labels.policy }}policy {{ . }}{{ else }}an unnamed policy{{ end }}, {{ $s.Value | printf "%.2f" }} drops/s{{ end }}`
+	jobDrops       = `{{ range $i, $s := query ` + perJobWith(RecCrossZonePolicyDrops, `,peer="job"`) + ` | sortByLabel "policy" | sortByLabel "dst_zone" | sortByLabel "src_zone" }}{{ if $i }}; {{ end }}{{ $s.Labels.src_zone }} -> {{ $s.Labels.dst_zone }} denied by {{ with $s.Labels.policy }}policy {{ . }}{{ else }}an unnamed policy{{ end }}, {{ $s.Value | printf "%.2f" }} drops/s{{ end }}`
 	jobBytes       = `{{ with query ` + perJob(RecCrossZoneBytes) + ` }}{{ . | first | value | humanize }}B/s{{ else }}{{ with query ` + perJob(RecCrossZoneFlowEvents) + ` }}{{ . | first | value | printf "%.2f" }} flow events/s, bytes not measured{{ end }}{{ end }}`
 	jobIdleGPUCost = `{{ with query ` + perJob(RecSplitIdleGPUCost) + ` }}; its idle GPUs cost ${{ . | first | value | printf "%.2f" }} an hour{{ end }}`
+	jobPeerDrops   = `{{ range $i, $s := query ` + perJob(RecPeerPolicyDrops) + ` | sortByLabel "policy" | sortByLabel "peer_workload" | sortByLabel "peer_namespace" | sortByLabel "peer" }}{{ if $i }}; {{ end }}{{ with $s.Labels.peer_workload }}{{ $s.Labels.peer_namespace }}/{{ . }}{{ else }}unnamed {{ $s.Labels.peer }} peers{{ end }} denied by {{ with $s.Labels.policy }}policy {{ . }}{{ else }}an unnamed policy{{ end }}, {{ $s.Value | printf "%.2f" }} drops/s{{ end }}`
+	activitySignal = `{{ with query ` + perJob(RecGPUActivity) + ` }}{{ . | first | label "signal" }}{{ end }}`
+	jobBusy        = `{{ with query ` + perJob(RecGPUBusy) + ` }}Its GPUs are not idle ({{ . | first | value | humanizePercentage }} busy): NCCL kernels spinning on the blocked network keep GPU_UTIL up while nothing trains.{{ else }}zonewatch sees no GPU activity for it: no GPU telemetry, or the GPU source is off or down.{{ end }}`
 )
 
 // Job conditions shared by several alerts. Each yields one series per job.
 var (
 	condSplit = RecJobSplitZone + ` == 1`
-	// Policy drops on the job's cross-zone traffic.
-	condCrossZoneDrops = `sum by (` + byJob + `) (` + RecPolicyDrops + `{` + crossZone + `}) > ` + tok("dropRate")
-	// Value: GPU utilization (SM activity where utilization is missing, e.g. MIG).
-	condIdle = `(
-  ` + RecGPUUtilization + `
-  or ` + RecGPUSMActive + `
-) < ` + tok("idleGPUUtilization")
+	// Policy drops on cross-zone traffic between the job's own pods.
+	condCrossZoneDrops = RecOwnCrossZonePolicyDrops + ` > ` + tok("dropRate")
+	// Value: RecGPUBusy. Idle asks whether anything runs, so the signals
+	// that read high when anything runs come first: a GPU spinning in NCCL
+	// is not paged as idle (the blocked alert covers it).
+	condIdle            = RecGPUBusy + ` < ` + tok("idleGPUUtilization")
 	condIdleGPUSplitJob = condIdle + `
 and on (` + byJob + `) (` + condSplit + `)
 and on (` + byJob + `) (
   ` + condCrossZoneDrops + `
 )`
-	// Value: SM activity, or GPU utilization where SM activity is missing.
-	condSlowdown = `(
-  ` + RecGPUSMActive + ` < ` + tok("slowdownSMActive") + `
-  or (
-    ` + RecGPUUtilization + ` < ` + tok("slowdownGPUUtilization") + `
-    unless on (` + byJob + `) ` + RecGPUSMActive + `
-  )
+	// Value: the job's activity signal, each with its own threshold.
+	condSlowdown = `max without (signal) (
+  ` + RecGPUActivity + `{signal="sm_active"} < ` + tok("slowdownSMActive") + `
+  or ` + RecGPUActivity + `{signal="tensor_active"} < ` + tok("slowdownTensorActive") + `
+  or ` + RecGPUActivity + `{signal="graphics_engine_active"} < ` + tok("slowdownGraphicsEngineActive") + `
+  or ` + RecGPUActivity + `{signal="utilization"} < ` + tok("slowdownGPUUtilization") + `
 )
 and on (` + byJob + `) (` + condSplit + `)
 and on (` + byJob + `) (
-  ` + RecCrossZoneFlowEvents + ` > 0
+  ` + RecOwnCrossZoneFlowEvents + ` > 0
   or ` + RecCrossZoneBytes + ` > 0
 )
 unless on (` + byJob + `) (
   ` + condCrossZoneDrops + `
 )`
+	// Value: the own cross-zone drop rate. Whatever the GPU data says, but
+	// never together with the page: its condition excludes this one.
+	condBlocked = `(` + condCrossZoneDrops + `)
+and on (` + byJob + `) (` + condSplit + `)
+unless on (` + byJob + `) (
+` + indent(condIdleGPUSplitJob) + `
+)`
+	// Value: the drop rate toward peers outside the job.
+	condPeerDrops = `sum by (` + byJob + `) (` + RecPeerPolicyDrops + `) > ` + tok("dropRate") + `
+and on (` + byJob + `) (` + condSplit + `)`
 )
 
 // nodeOf joins a per-exporter expression with the node of the training job
@@ -169,23 +206,46 @@ func definitions() []group {
 		// A GPU counts once whichever of its ratios the source reports (MIG has no utilization).
 		{Record: RecGPUs, Expr: block(`count by (` + byJob + `) (
   group by (namespace, job_name, node, gpu, uuid` + tClusterBy + `) (
-    zonewatch_gpu_utilization_ratio` + sel(`job_name!=""`) + `
-    or zonewatch_gpu_sm_active_ratio` + sel(`job_name!=""`) + `
+` + indent(indent(gpuRatios(`job_name!=""`))) + `
   )
 )`)},
 		{Record: RecGPUUtilization, Expr: block(`avg by (` + byJob + `) (zonewatch_gpu_utilization_ratio` + sel(`job_name!=""`) + `)`)},
 		{Record: RecGPUSMActive, Expr: block(`avg by (` + byJob + `) (zonewatch_gpu_sm_active_ratio` + sel(`job_name!=""`) + `)`)},
+		{Record: RecGPUTensorActive, Expr: block(`avg by (` + byJob + `) (zonewatch_gpu_tensor_active_ratio` + sel(`job_name!=""`) + `)`)},
+		{Record: RecGPUGraphicsEngine, Expr: block(`avg by (` + byJob + `) (zonewatch_gpu_graphics_engine_active_ratio` + sel(`job_name!=""`) + `)`)},
+		// NCCL kernels spinning on the network keep GPU_UTIL and the
+		// graphics engine busy, but use few SMs and no tensor pipe: the
+		// signals that see through the spin come first (docs/runbooks.md).
+		{Record: RecGPUActivity, Expr: block(`label_replace(` + RecGPUSMActive + `, "signal", "sm_active", "", "")
+or on (` + byJob + `)
+  label_replace(` + RecGPUTensorActive + `, "signal", "tensor_active", "", "")
+or on (` + byJob + `)
+  label_replace(` + RecGPUGraphicsEngine + `, "signal", "graphics_engine_active", "", "")
+or on (` + byJob + `)
+  label_replace(` + RecGPUUtilization + `, "signal", "utilization", "", "")`)},
+		{Record: RecGPUBusy, Expr: block(RecGPUUtilization + `
+or ` + RecGPUGraphicsEngine + `
+or ` + RecGPUSMActive + `
+or ` + RecGPUTensorActive)},
 		{Record: RecPolicyDrops, Expr: block(`sum by (namespace, job_name, locality` + tClusterBy + `) (rate(zonewatch_job_policy_drops_total` + sel() + `[5m]))`)},
-		{Record: RecCrossZonePolicyDrops, Expr: block(`sum by (namespace, job_name, src_zone, dst_zone, policy` + tClusterBy + `) (
+		{Record: RecCrossZonePolicyDrops, Expr: block(`sum by (namespace, job_name, peer, src_zone, dst_zone, policy` + tClusterBy + `) (
   rate(zonewatch_job_policy_drops_total` + sel(crossZone) + `[5m])
 )`)},
+		{Record: RecOwnCrossZonePolicyDrops, Expr: block(`sum by (` + byJob + `) (` + RecCrossZonePolicyDrops + `{peer="job"})`)},
+		{Record: RecPeerPolicyDrops, Expr: block(`sum by (namespace, job_name, peer, peer_namespace, peer_workload, policy` + tClusterBy + `) (
+  rate(zonewatch_job_peer_policy_drops_total` + sel(crossZone) + `[5m])
+)`)},
 		{Record: RecCrossZoneFlowEvents, Expr: block(`sum by (` + byJob + `) (rate(zonewatch_job_flow_events_total` + sel(crossZone) + `[5m]))`)},
+		{Record: RecOwnCrossZoneFlowEvents, Expr: block(`sum by (` + byJob + `) (rate(zonewatch_job_flow_events_total` + sel(crossZone, `peer="job"`) + `[5m]))`)},
 		{Record: RecCrossZoneBytes, Expr: block(`sum by (` + byJob + `) (rate(zonewatch_job_network_bytes_total` + sel(crossZone) + `[5m]))`)},
 		// bytes/s * 3600 s/h / 1e9 B/GB * $/GB
 		{Record: RecCrossZoneCost, Expr: block(RecCrossZoneBytes + ` * 3600 / 1e9 * ` + tok("crossZoneDollarsPerGB"))},
 		{Record: RecNamespaceCrossZoneCost, Expr: block(`sum by (namespace` + tClusterBy + `) (` + RecCrossZoneCost + `)`)},
+		// Per GPU, the ratio condIdle reads, in the same order.
 		{Record: RecSplitIdleGPUCost, Expr: block(`count by (` + byJob + `) (
-  zonewatch_gpu_utilization_ratio` + sel(`job_name!=""`) + ` < ` + tok("idleGPUUtilization") + `
+  (
+` + indent(indent(gpuRatios(`job_name!=""`))) + `
+  ) < ` + tok("idleGPUUtilization") + `
   and on (` + byJob + `) (` + condSplit + `)
 ) * ` + tok("gpuDollarsPerHour"))},
 	}}
@@ -194,9 +254,15 @@ func definitions() []group {
 		alertRule(AlertIdleGPUSplitJob, "critical", "idleGPUSplitJob", condIdleGPUSplitJob,
 			"A training job split across zones is blocked by a network policy while its GPUs sit idle.",
 			jobName+` is split across zones (`+jobZones+`) and Cilium drops its cross-zone traffic (`+jobDrops+`). Its GPUs average {{ $value | humanizePercentage }} utilization`+jobIdleGPUCost+`.`),
+		alertRule(AlertBlockedSplitJob, "warning", "blockedSplitJob", condBlocked,
+			"A training job split across zones is blocked by a network policy between its own pods.",
+			jobName+` is split across zones (`+jobZones+`) and Cilium drops traffic between its own pods across zones (`+jobDrops+`): it cannot make progress. `+jobBusy+` The idle-GPU page cannot fire for it; this ticket stands in.`),
 		alertRule(AlertCrossZoneSlowdown, "warning", "crossZoneSlowdown", condSlowdown,
 			"A training job split across zones is slowed down by cross-zone traffic.",
-			jobName+` is split across zones (`+jobZones+`) and its traffic crosses zones (`+jobBytes+`) without policy drops. Its SM activity (GPU utilization where SM activity is not reported) averages {{ $value | humanizePercentage }}: collectives are likely waiting on the inter-zone round trip.`),
+			jobName+` is split across zones (`+jobZones+`) and its traffic crosses zones (`+jobBytes+`) without policy drops between its pods. Its GPU activity averages {{ $value | humanizePercentage }} (`+activitySignal+`): collectives are likely waiting on the inter-zone round trip.`),
+		alertRule(AlertPeerPolicyDrops, "info", "peerPolicyDrops", condPeerDrops,
+			"Cilium drops a split training job's cross-zone traffic with peers outside the job.",
+			jobName+` is split across zones (`+jobZones+`) and Cilium drops its cross-zone traffic with peers outside the job (`+jobPeerDrops+`). Co-locating the job does not fix these drops: the policy, or the peer's zone, does.`),
 		alertRule(AlertCrossZoneCost, "info", "crossZoneCost",
 			RecCrossZoneCost+` * 24 > `+tok("crossZoneDailyBudgetDollars"),
 			"A training job's projected cross-zone transfer spend is over budget.",
@@ -204,10 +270,13 @@ func definitions() []group {
 		alertRule(AlertSplitZonePlacement, "info", "splitZonePlacement", `(`+condSplit+`)
 and on (`+byJob+`) (`+RecGPUs+` > 0)
 unless on (`+byJob+`) (
-`+indent(condIdleGPUSplitJob)+`
+  `+condCrossZoneDrops+`
 )
 unless on (`+byJob+`) (
 `+indent(condSlowdown)+`
+)
+unless on (`+byJob+`) (
+`+indent(condPeerDrops)+`
 )`,
 			"A GPU training job runs across zones.",
 			jobName+` has pods in more than one zone (`+jobZones+`). No blocked traffic or slowdown is visible yet, but its collectives cross zones: constrain the job to one zone.`),
@@ -224,16 +293,17 @@ unless on (`+byJob+`) (
 			nodeOf(`zonewatch_source_up`+sel(`source="hubble"`)+` == 0`, ""),
 			"zonewatch is not connected to Hubble on a node with training jobs.",
 			`zonewatch on node {{ $labels.node }} ({{ $labels.instance }}) is not connected to Hubble: policy drops and cross-zone flows of the training jobs on this node are not counted.`),
+		// Lost events are of every event kind, before zonewatch's filter;
+		// processed flows passed it. Their ratio is lost events per flow
+		// received, not a share of one population: an upper bound of the
+		// share of zonewatch's flows lost (docs/runbooks.md).
 		alertRule(AlertHubbleLostEvents, "warning", "hubbleLostEvents",
 			nodeOf(`sum by (`+byInstance+`) (rate(zonewatch_hubble_lost_events_total`+sel()+`[5m]))
   /
-  (
-    sum by (`+byInstance+`) (rate(zonewatch_hubble_lost_events_total`+sel()+`[5m]))
-    + sum by (`+byInstance+`) (rate(zonewatch_hubble_flows_processed_total`+sel()+`[5m]))
-  )
+  sum by (`+byInstance+`) (rate(zonewatch_hubble_flows_processed_total`+sel()+`[5m]))
   > `+tok("hubbleLostEventsRatio"), ""),
 			"Hubble is losing flow events on a node with training jobs.",
-			`Hubble lost {{ $value | humanizePercentage }} of its flow events on node {{ $labels.node }} ({{ $labels.instance }}): zonewatch undercounts policy drops and flows of the training jobs there.`),
+			`Hubble reported {{ $value | humanizePercentage }} as many lost events as the flows zonewatch received on node {{ $labels.node }} ({{ $labels.instance }}). Lost events are of every kind, so this overstates the share of zonewatch's flows lost, but some policy drops and flows of the training jobs there are not counted.`),
 		// Only nodes with GPU workers: a coordinator may run on a node without GPUs.
 		alertRule(AlertGPUSourceDown, "warning", "gpuSourceDown",
 			nodeOf(`zonewatch_source_up`+sel(`source=~"gpu|podresources"`)+` == 0`, `role="worker"`),
@@ -246,6 +316,20 @@ unless on (`+byJob+`) (
 			`zonewatch on node {{ $labels.node }} ({{ $labels.instance }}) cannot read Cilium's conntrack byte counters while Hubble sees {{ $value | printf "%.2f" }} cross-zone flow events/s there: cross-zone bytes and their cost are not measured. Turn conntrack accounting on the way the node's Cilium version needs: 1.17 and later, Helm bpf.ctAccounting=true (agent flag --bpf-conntrack-accounting) and restart the agents; 1.16, cilium-dbg config ConntrackAccounting=Enabled in every agent pod, again after every agent restart; 1.14/1.15 count by default (if someone disabled it, the same command). The exporter's log on that node names the way for what it sees.`),
 	}}
 	return []group{recording, jobs, health}
+}
+
+// gpuRatios is every per-GPU ratio, in condIdle's order: a GPU counts once
+// whichever its source reports.
+func gpuRatios(matchers string) string {
+	var b strings.Builder
+	for i, m := range []string{"zonewatch_gpu_utilization_ratio", "zonewatch_gpu_graphics_engine_active_ratio",
+		"zonewatch_gpu_sm_active_ratio", "zonewatch_gpu_tensor_active_ratio"} {
+		if i > 0 {
+			b.WriteString("\nor ")
+		}
+		b.WriteString(m + sel(matchers))
+	}
+	return b.String()
 }
 
 func indent(s string) string {

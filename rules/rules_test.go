@@ -156,7 +156,8 @@ func generate(t *testing.T, cfg Config) []parsedRule {
 func TestShortForDurations(t *testing.T) {
 	cfg := DefaultConfig()
 	cfg.For = ForDurations{
-		IdleGPUSplitJob: 5 * time.Second, CrossZoneSlowdown: 6 * time.Second, CrossZoneCost: 7 * time.Second,
+		IdleGPUSplitJob: 5 * time.Second, BlockedSplitJob: 14 * time.Second, PeerPolicyDrops: 15 * time.Second,
+		CrossZoneSlowdown: 6 * time.Second, CrossZoneCost: 7 * time.Second,
 		SplitZonePlacement: 8 * time.Second, ExporterDown: 9 * time.Second, ExporterAbsent: 10 * time.Second,
 		HubbleDisconnected: 11 * time.Second, HubbleLostEvents: 12 * time.Second, GPUSourceDown: 13 * time.Second,
 		ByteSourceUnavailable: 1500 * time.Millisecond,
@@ -168,7 +169,8 @@ func TestShortForDurations(t *testing.T) {
 		}
 	}
 	want := map[string]string{
-		AlertIdleGPUSplitJob: "5s", AlertCrossZoneSlowdown: "6s", AlertCrossZoneCost: "7s",
+		AlertIdleGPUSplitJob: "5s", AlertBlockedSplitJob: "14s", AlertPeerPolicyDrops: "15s",
+		AlertCrossZoneSlowdown: "6s", AlertCrossZoneCost: "7s",
 		AlertSplitZonePlacement: "8s", AlertExporterDown: "9s", AlertExporterAbsent: "10s",
 		AlertHubbleDisconnected: "11s", AlertHubbleLostEvents: "12s", AlertGPUSourceDown: "13s",
 		AlertByteSourceUnavailable: "1s500ms",
@@ -207,7 +209,8 @@ func TestClusterLabel(t *testing.T) {
 		}
 		for _, m := range matchRE.FindAllStringSubmatch(r.Annotations["description"], -1) {
 			nQueries++
-			if m[1] != `,k8s_cluster=%q` || m[2] != ` $labels.k8s_cluster` {
+			// Extra matchers (peer="job") may come first.
+			if !strings.HasSuffix(m[1], `,k8s_cluster=%q`) || m[2] != ` $labels.k8s_cluster` {
 				t.Errorf("%s: description query does not filter on the cluster: %q", name, m[0])
 			}
 		}
@@ -286,8 +289,8 @@ func TestConventions(t *testing.T) {
 			t.Errorf("%s: runbook_url %q does not point at a section of docs/runbooks.md", r.Alert, url)
 		}
 	}
-	if alerts != 10 {
-		t.Errorf("%d alerts, want 10", alerts)
+	if alerts != 12 {
+		t.Errorf("%d alerts, want 12", alerts)
 	}
 	for _, name := range []string{
 		"namespace_job_name:zonewatch_job_zones:max",
@@ -296,7 +299,9 @@ func TestConventions(t *testing.T) {
 		"namespace_job_name:zonewatch_gpus:count",
 		"namespace_job_name:zonewatch_gpu_utilization_ratio:avg",
 		"namespace_job_name:zonewatch_gpu_sm_active_ratio:avg",
+		"namespace_job_name_signal:zonewatch_gpu_activity_ratio:avg",
 		"namespace_job_name_locality:zonewatch_job_policy_drops:rate5m",
+		"namespace_job_name_peer_peer_namespace_peer_workload_policy:zonewatch_job_peer_cross_zone_policy_drops:rate5m",
 		"namespace_job_name:zonewatch_job_cross_zone_flow_events:rate5m",
 		"namespace_job_name:zonewatch_job_cross_zone_bytes:rate5m",
 		"namespace_job_name:zonewatch_cross_zone_cost_dollars_per_hour:rate5m",

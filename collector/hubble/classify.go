@@ -46,6 +46,15 @@ const (
 	DirectionUnknown = "unknown"
 )
 
+// Values of the peer label: the other side's relation to the job. Only
+// traffic between a job's own pods is fixed by co-locating the job.
+const (
+	PeerJob     = "job"     // another pod of the same job
+	PeerCluster = "cluster" // another pod, workload or host of the cluster
+	PeerWorld   = "world"   // outside the cluster
+	PeerUnknown = "unknown" // an address neither the index nor Hubble places
+)
+
 // Policy drop reasons (the reason label). Other drop reasons are not
 // policy drops and only count as flow events with verdict "dropped".
 const (
@@ -95,6 +104,11 @@ type Result struct {
 	// PolicyNamespace / PolicyName name the denying policy when the flow
 	// carries it (policy-verdict events, Cilium >= 1.16), else empty.
 	PolicyNamespace, PolicyName string
+	// Peer is the other side's relation to Job (PeerJob, ...);
+	// PeerNamespace/PeerWorkload name a cluster peer's workload (its job,
+	// else Hubble's workload name), empty when unnamed.
+	Peer                        string
+	PeerNamespace, PeerWorkload string
 }
 
 // PolicyDrop reports whether the result is a drop by policy.
@@ -201,7 +215,41 @@ func (c *Classifier) Classify(f *flowpb.Flow) Result {
 	if r.Job == nil {
 		r.Job = peer
 	}
+	r.Peer, r.PeerNamespace, r.PeerWorkload = peerOf(&r, src, dst)
 	return r
+}
+
+// peerOf relates the side that is not r.Job's to r.Job. The counters and
+// analyze both read it, so "between the job's own pods" means one thing.
+func peerOf(r *Result, src, dst *flowpb.Endpoint) (relation, namespace, workload string) {
+	if r.Job == nil {
+		return PeerUnknown, "", ""
+	}
+	if r.Src.Job == r.Job && r.Dst.Job == r.Job {
+		return PeerJob, "", ""
+	}
+	e, ep := r.Dst, dst
+	if r.Src.Job != r.Job {
+		e, ep = r.Src, src
+	}
+	switch {
+	case e.Job != nil:
+		return PeerCluster, e.Job.Namespace, e.Job.Name
+	case isWorld(ep):
+		return PeerWorld, "", ""
+	case e.Known() || clusterIdentity(ep.GetIdentity()):
+		// A pod the index does not hold (no job), a node, or an endpoint
+		// Hubble gave a cluster identity.
+		var w string
+		if ws := ep.GetWorkloads(); len(ws) > 0 {
+			w = ws[0].GetName()
+		}
+		if w == "" {
+			return PeerCluster, "", ""
+		}
+		return PeerCluster, ep.GetNamespace(), w
+	}
+	return PeerUnknown, "", ""
 }
 
 // countForwarded decides whether a forwarded event is the one count of its
@@ -323,6 +371,22 @@ const (
 	identityWorldIPv4 = 9
 	identityWorldIPv6 = 10
 )
+
+// clusterIdentity reports whether a security identity belongs to the
+// cluster (cilium v1.20 pkg/identity/numericidentity.go): reserved host,
+// unmanaged, health, init, remote-node, kube-apiserver and ingress (1-8
+// but world), well-known (100-255) and global ones (a pod's, also of
+// another mesh cluster), and the remote-node scope (2<<24). The local
+// scope (1<<24: CIDR, FQDN) is outside the cluster.
+func clusterIdentity(id uint32) bool {
+	switch id >> 24 {
+	case 0:
+		return (id >= 1 && id <= 8 && id != identityWorld) || id >= 100
+	case 2:
+		return true
+	}
+	return false
+}
 
 func isWorld(ep *flowpb.Endpoint) bool {
 	switch ep.GetIdentity() {

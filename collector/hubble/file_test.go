@@ -59,7 +59,7 @@ func TestRealPolicyDropJoined(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := DropKey{Namespace: "cilium-test-5", Job: "client", Direction: DirectionEgress, SrcZone: "zone-1", DstZone: topology.UnknownZone,
-		Locality: topology.LocalityUnknown, Reason: ReasonPolicyDenied}
+		Locality: topology.LocalityUnknown, Peer: PeerWorld, Reason: ReasonPolicyDenied}
 	if v := agg.Drops().Value(want); v != 1 {
 		t.Errorf("drop %+v = %v, want 1 (result %+v)", want, v, r)
 	}

@@ -2,6 +2,7 @@ package hubble
 
 import (
 	"errors"
+	"sync"
 	"time"
 
 	flowpb "github.com/cilium/cilium/api/v1/flow"
@@ -12,19 +13,27 @@ import (
 
 var (
 	policyDropsDesc = prometheus.NewDesc("zonewatch_job_policy_drops_total",
-		"Packets of a training job dropped by network policy (Hubble drop events), counted on the node where they were dropped. policy is namespace/name of the denying policy when Cilium names it, else empty (default deny).",
-		[]string{"namespace", "job_name", "direction", "src_zone", "dst_zone", "locality", "reason", "policy"}, nil)
+		"Packets of a training job dropped by network policy (Hubble drop events), counted on the node where they were dropped. peer is the other side's relation to the job (job: its own pods, cluster, world, unknown); policy is namespace/name of the denying policy when Cilium names it, else empty (default deny).",
+		[]string{"namespace", "job_name", "direction", "src_zone", "dst_zone", "locality", "peer", "reason", "policy"}, nil)
 	flowEventsDesc = prometheus.NewDesc("zonewatch_job_flow_events_total",
-		"Hubble flow events of a training job: forwarded events once on the sending node (replies not counted), drops where they happen. Events, not packets or bytes.",
-		[]string{"namespace", "job_name", "src_zone", "dst_zone", "locality", "verdict"}, nil)
+		"Hubble flow events of a training job: forwarded events once on the sending node (replies not counted), drops where they happen. peer is the other side's relation to the job (job, cluster, world, unknown). Events, not packets or bytes.",
+		[]string{"namespace", "job_name", "src_zone", "dst_zone", "locality", "peer", "verdict"}, nil)
+	peerDropsDesc = prometheus.NewDesc("zonewatch_job_peer_policy_drops_total",
+		"Policy drops of a training job's traffic with peers outside the job, by the peer's workload: peer_namespace/peer_workload name another job or Hubble's workload of the peer, empty for a host, a world address, an unnamed peer, or beyond the first 8 named peers of the job on this node.",
+		[]string{"namespace", "job_name", "peer", "peer_namespace", "peer_workload", "locality", "policy"}, nil)
 )
+
+// MaxNamedPeers bounds zonewatch_job_peer_policy_drops_total: each job
+// names at most this many peer workloads per exporter; drops toward
+// further peers are counted unnamed. Series stay bounded by local jobs.
+const MaxNamedPeers = 8
 
 // DropKey is one zonewatch_job_policy_drops_total series. The policy is
 // kept in two parts so that counting never formats a string.
 type DropKey struct {
 	Namespace, Job              string
 	Direction, SrcZone, DstZone string
-	Locality, Reason            string
+	Locality, Peer, Reason      string
 	PolicyNamespace, PolicyName string
 }
 
@@ -33,14 +42,14 @@ func (k DropKey) JobKey() (string, string) { return k.Namespace, k.Job }
 
 // LabelValues implements jobcounter.Key.
 func (k DropKey) LabelValues() []string {
-	return []string{k.Namespace, k.Job, k.Direction, k.SrcZone, k.DstZone, k.Locality, k.Reason, policyLabel(k.PolicyNamespace, k.PolicyName)}
+	return []string{k.Namespace, k.Job, k.Direction, k.SrcZone, k.DstZone, k.Locality, k.Peer, k.Reason, policyLabel(k.PolicyNamespace, k.PolicyName)}
 }
 
 // EventKey is one zonewatch_job_flow_events_total series.
 type EventKey struct {
 	Namespace, Job             string
 	SrcZone, DstZone, Locality string
-	Verdict                    string
+	Peer, Verdict              string
 }
 
 // JobKey implements jobcounter.Key.
@@ -48,7 +57,24 @@ func (k EventKey) JobKey() (string, string) { return k.Namespace, k.Job }
 
 // LabelValues implements jobcounter.Key.
 func (k EventKey) LabelValues() []string {
-	return []string{k.Namespace, k.Job, k.SrcZone, k.DstZone, k.Locality, k.Verdict}
+	return []string{k.Namespace, k.Job, k.SrcZone, k.DstZone, k.Locality, k.Peer, k.Verdict}
+}
+
+// PeerDropKey is one zonewatch_job_peer_policy_drops_total series.
+type PeerDropKey struct {
+	Namespace, Job              string
+	Peer                        string
+	PeerNamespace, PeerWorkload string
+	Locality                    string
+	PolicyNamespace, PolicyName string
+}
+
+// JobKey implements jobcounter.Key.
+func (k PeerDropKey) JobKey() (string, string) { return k.Namespace, k.Job }
+
+// LabelValues implements jobcounter.Key.
+func (k PeerDropKey) LabelValues() []string {
+	return []string{k.Namespace, k.Job, k.Peer, k.PeerNamespace, k.PeerWorkload, k.Locality, policyLabel(k.PolicyNamespace, k.PolicyName)}
 }
 
 // Metrics are the exporter's own Hubble counters.
@@ -62,7 +88,7 @@ type Metrics struct {
 
 // NewMetrics creates the self metrics and registers them with reg (nil:
 // unregistered, for tests and offline analysis). A metric another part has
-// registered already (zonewatch_hubble_flows_unresolved_total) is shared.
+// registered already (zonewatch_flows_unresolved_total) is shared.
 func NewMetrics(reg prometheus.Registerer) *Metrics {
 	processed := prometheus.NewCounter(prometheus.CounterOpts{Name: "zonewatch_hubble_flows_processed_total",
 		Help: "Hubble flows received and classified (every flow, counted or not)."})
@@ -70,7 +96,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Help: "Times the Hubble flow stream was re-established after it broke."})
 	lost := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "zonewatch_hubble_lost_events_total",
 		Help: "Flow events Hubble reported lost (lost_events), by where they were lost."}, []string{"source"})
-	unresolved := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "zonewatch_hubble_flows_unresolved_total",
+	unresolved := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "zonewatch_flows_unresolved_total",
 		Help: "Counted flows with a side whose cluster address the topology index could not place (side=source|destination); internet peers are not unresolved."}, []string{"side"})
 	if reg != nil {
 		processed = register(reg, processed)
@@ -126,11 +152,19 @@ func lostSourceLabel(s flowpb.LostEventSource) string {
 // called from one goroutine (the stream or the file reader); Update may run
 // concurrently (scrapes).
 type Aggregator struct {
-	cls    *Classifier
-	m      *Metrics
-	drops  *jobcounter.Vec[DropKey]
-	events *jobcounter.Vec[EventKey]
+	cls       *Classifier
+	topo      Topology
+	m         *Metrics
+	drops     *jobcounter.Vec[DropKey]
+	events    *jobcounter.Vec[EventKey]
+	peerDrops *jobcounter.Vec[PeerDropKey]
+
+	// named counts the peer workloads each job names in peerDrops.
+	mu    sync.Mutex
+	named map[jobRef]int
 }
+
+type jobRef struct{ namespace, name string }
 
 // NewAggregator returns an aggregator for flows observed on node (empty:
 // any node). Counters of a job gone from topo stay for grace, then go.
@@ -139,10 +173,13 @@ func NewAggregator(topo Topology, node string, grace time.Duration, m *Metrics) 
 		m = NewMetrics(nil)
 	}
 	return &Aggregator{
-		cls:    NewClassifier(topo, node),
-		m:      m,
-		drops:  jobcounter.New[DropKey](policyDropsDesc, topo, grace),
-		events: jobcounter.New[EventKey](flowEventsDesc, topo, grace),
+		cls:       NewClassifier(topo, node),
+		topo:      topo,
+		m:         m,
+		drops:     jobcounter.New[DropKey](policyDropsDesc, topo, grace),
+		events:    jobcounter.New[EventKey](flowEventsDesc, topo, grace),
+		peerDrops: jobcounter.New[PeerDropKey](peerDropsDesc, topo, grace),
+		named:     map[jobRef]int{},
 	}
 }
 
@@ -164,13 +201,35 @@ func (a *Aggregator) Observe(f *flowpb.Flow) Result {
 		return r
 	}
 	a.events.Add(EventKey{Namespace: r.Job.Namespace, Job: r.Job.Name,
-		SrcZone: r.Src.Zone, DstZone: r.Dst.Zone, Locality: r.Locality, Verdict: r.Verdict}, 1)
+		SrcZone: r.Src.Zone, DstZone: r.Dst.Zone, Locality: r.Locality, Peer: r.Peer, Verdict: r.Verdict}, 1)
 	if r.PolicyDrop() {
 		a.drops.Add(DropKey{Namespace: r.Job.Namespace, Job: r.Job.Name, Direction: r.Direction,
-			SrcZone: r.Src.Zone, DstZone: r.Dst.Zone, Locality: r.Locality, Reason: r.Reason,
+			SrcZone: r.Src.Zone, DstZone: r.Dst.Zone, Locality: r.Locality, Peer: r.Peer, Reason: r.Reason,
 			PolicyNamespace: r.PolicyNamespace, PolicyName: r.PolicyName}, 1)
+		if r.Peer != PeerJob {
+			a.addPeerDrop(&r)
+		}
 	}
 	return r
+}
+
+// addPeerDrop counts a policy drop toward a peer outside the job, naming
+// the peer's workload unless the job names MaxNamedPeers already.
+func (a *Aggregator) addPeerDrop(r *Result) {
+	k := PeerDropKey{Namespace: r.Job.Namespace, Job: r.Job.Name, Peer: r.Peer,
+		PeerNamespace: r.PeerNamespace, PeerWorkload: r.PeerWorkload, Locality: r.Locality,
+		PolicyNamespace: r.PolicyNamespace, PolicyName: r.PolicyName}
+	if k.PeerWorkload != "" && a.peerDrops.Value(k) == 0 {
+		j := jobRef{k.Namespace, k.Job}
+		a.mu.Lock()
+		if a.named[j] < MaxNamedPeers {
+			a.named[j]++
+		} else {
+			k.PeerNamespace, k.PeerWorkload = "", ""
+		}
+		a.mu.Unlock()
+	}
+	a.peerDrops.Add(k, 1)
 }
 
 // Drops returns the policy-drop counters (for tests and reports).
@@ -179,6 +238,9 @@ func (a *Aggregator) Drops() *jobcounter.Vec[DropKey] { return a.drops }
 // Events returns the flow-event counters.
 func (a *Aggregator) Events() *jobcounter.Vec[EventKey] { return a.events }
 
+// PeerDrops returns the policy-drop counters by peer workload.
+func (a *Aggregator) PeerDrops() *jobcounter.Vec[PeerDropKey] { return a.peerDrops }
+
 // Metrics returns the self metrics the aggregator counts into.
 func (a *Aggregator) Metrics() *Metrics { return a.m }
 
@@ -186,5 +248,14 @@ func (a *Aggregator) Metrics() *Metrics { return a.m }
 func (a *Aggregator) Update(ch chan<- prometheus.Metric) error {
 	a.drops.Collect(ch)
 	a.events.Collect(ch)
+	a.peerDrops.Collect(ch)
+	// A job that is gone names its peers afresh if it comes back.
+	a.mu.Lock()
+	for j := range a.named {
+		if a.topo != nil && !a.topo.JobExists(j.namespace, j.name) {
+			delete(a.named, j)
+		}
+	}
+	a.mu.Unlock()
 	return nil
 }

@@ -15,12 +15,12 @@ import (
 
 var (
 	blockedDrops = DropKey{Namespace: "ml-team", Job: "llm-blocked", Direction: DirectionIngress, SrcZone: zoneA, DstZone: zoneB,
-		Locality: topology.LocalityCrossZone, Reason: ReasonPolicyDenied, PolicyNamespace: "ml-team", PolicyName: "zone-isolation"}
-	blockedForwarded = EventKey{Namespace: "ml-team", Job: "llm-blocked", SrcZone: zoneA, DstZone: zoneB, Locality: topology.LocalityCrossZone, Verdict: VerdictForwarded}
-	blockedDropped   = EventKey{Namespace: "ml-team", Job: "llm-blocked", SrcZone: zoneA, DstZone: zoneB, Locality: topology.LocalityCrossZone, Verdict: VerdictDropped}
-	bertToCoord      = EventKey{Namespace: "research", Job: "bert-slow", SrcZone: zoneA, DstZone: zoneC, Locality: topology.LocalityCrossZone, Verdict: VerdictForwarded}
-	bertFromCoord    = EventKey{Namespace: "research", Job: "bert-slow", SrcZone: zoneC, DstZone: zoneA, Locality: topology.LocalityCrossZone, Verdict: VerdictForwarded}
-	resnetLocal      = EventKey{Namespace: "ml-team", Job: "resnet-healthy", SrcZone: zoneA, DstZone: zoneA, Locality: topology.LocalitySameZone, Verdict: VerdictForwarded}
+		Locality: topology.LocalityCrossZone, Peer: PeerJob, Reason: ReasonPolicyDenied, PolicyNamespace: "ml-team", PolicyName: "zone-isolation"}
+	blockedForwarded = EventKey{Namespace: "ml-team", Job: "llm-blocked", SrcZone: zoneA, DstZone: zoneB, Locality: topology.LocalityCrossZone, Peer: PeerJob, Verdict: VerdictForwarded}
+	blockedDropped   = EventKey{Namespace: "ml-team", Job: "llm-blocked", SrcZone: zoneA, DstZone: zoneB, Locality: topology.LocalityCrossZone, Peer: PeerJob, Verdict: VerdictDropped}
+	bertToCoord      = EventKey{Namespace: "research", Job: "bert-slow", SrcZone: zoneA, DstZone: zoneC, Locality: topology.LocalityCrossZone, Peer: PeerJob, Verdict: VerdictForwarded}
+	bertFromCoord    = EventKey{Namespace: "research", Job: "bert-slow", SrcZone: zoneC, DstZone: zoneA, Locality: topology.LocalityCrossZone, Peer: PeerJob, Verdict: VerdictForwarded}
+	resnetLocal      = EventKey{Namespace: "ml-team", Job: "resnet-healthy", SrcZone: zoneA, DstZone: zoneA, Locality: topology.LocalitySameZone, Peer: PeerJob, Verdict: VerdictForwarded}
 )
 
 // want is the count of each series after seconds of the test scenario.
@@ -255,14 +255,19 @@ func TestUnknownIPsCountedAsUnresolved(t *testing.T) {
 		// Sent to an unknown address.
 		&flowpb.Flow{Time: at(2), NodeName: "gpu-b1", Verdict: flowpb.Verdict_FORWARDED, EventType: &flowpb.CiliumEventType{Type: 4},
 			TraceObservationPoint: flowpb.TraceObservationPoint_TO_STACK, IsReply: wrapperspb.Bool(false),
-			IP: &flowpb.IP{Source: "10.244.4.2", Destination: "198.51.100.9"}, Source: master, Destination: &flowpb.Endpoint{Identity: 16777217}},
+			IP: &flowpb.IP{Source: "10.244.4.2", Destination: "198.51.100.9"}, Source: master, Destination: &flowpb.Endpoint{}},
 		// Sent to the internet: not unresolved.
 		&flowpb.Flow{Time: at(3), NodeName: "gpu-b1", Verdict: flowpb.Verdict_FORWARDED, EventType: &flowpb.CiliumEventType{Type: 4},
 			TraceObservationPoint: flowpb.TraceObservationPoint_TO_STACK, IsReply: wrapperspb.Bool(false),
 			IP: &flowpb.IP{Source: "10.244.4.2", Destination: "93.184.216.34"}, Source: master, Destination: &flowpb.Endpoint{Identity: 2}},
+		// Sent to a CIDR-policy peer: a local-scope identity (1<<24 | n)
+		// whose world label the mask removed: still the internet.
+		&flowpb.Flow{Time: at(4), NodeName: "gpu-b1", Verdict: flowpb.Verdict_FORWARDED, EventType: &flowpb.CiliumEventType{Type: 4},
+			TraceObservationPoint: flowpb.TraceObservationPoint_TO_STACK, IsReply: wrapperspb.Bool(false),
+			IP: &flowpb.IP{Source: "10.244.4.2", Destination: "198.51.100.77"}, Source: master, Destination: &flowpb.Endpoint{Identity: 16777217}},
 	)
 	m := agg.Metrics()
-	waitFor(t, "three flows", func() bool { return testutil.ToFloat64(m.Processed) == 3 })
+	waitFor(t, "four flows", func() bool { return testutil.ToFloat64(m.Processed) == 4 })
 	if v := testutil.ToFloat64(m.UnresolvedSrc); v != 1 {
 		t.Errorf("unresolved sources = %v, want 1", v)
 	}
@@ -270,12 +275,23 @@ func TestUnknownIPsCountedAsUnresolved(t *testing.T) {
 		t.Errorf("unresolved destinations = %v, want 1", v)
 	}
 	k := DropKey{Namespace: "ml-team", Job: "llm-blocked", Direction: DirectionIngress, SrcZone: topology.UnknownZone, DstZone: zoneB,
-		Locality: topology.LocalityUnknown, Reason: ReasonPolicyDenied}
+		Locality: topology.LocalityUnknown, Peer: PeerCluster, Reason: ReasonPolicyDenied} // remote-node identity
 	if v := agg.Drops().Value(k); v != 1 {
 		t.Errorf("drop from the unknown address not attributed to the coordinator's job: %v", v)
 	}
-	if v := agg.Events().Value(EventKey{Namespace: "ml-team", Job: "llm-blocked", SrcZone: zoneB, DstZone: topology.UnknownZone,
-		Locality: topology.LocalityUnknown, Verdict: VerdictForwarded}); v != 2 {
-		t.Errorf("forwarded events to unknown peers = %v, want 2", v)
+	toUnknown := EventKey{Namespace: "ml-team", Job: "llm-blocked", SrcZone: zoneB, DstZone: topology.UnknownZone,
+		Locality: topology.LocalityUnknown, Verdict: VerdictForwarded}
+	var v float64
+	agg.Events().Each(func(k EventKey, n float64) {
+		if k.Verdict == VerdictForwarded && (k.Peer == PeerCluster || k.Peer == PeerJob) {
+			t.Errorf("%+v: a peer outside the cluster counted as %s", k, k.Peer)
+		}
+		k.Peer = ""
+		if k == toUnknown {
+			v += n
+		}
+	})
+	if v != 3 {
+		t.Errorf("forwarded events to unknown peers = %v, want 3", v)
 	}
 }
