@@ -76,7 +76,7 @@ func TestBuildAllocationsDRA(t *testing.T) {
 			DynamicResources: []*podresourcesv1.DynamicResource{claim("eval-mig", [3]string{gpu.DRADriver, "gpu-a1", "gpu-2-mig-1g10gb-19-0"})}}}},
 		{Namespace: "ml", Name: "late-0", Containers: []*podresourcesv1.ContainerResources{{Name: "main",
 			DynamicResources: []*podresourcesv1.DynamicResource{claim("late",
-				[3]string{gpu.DRADriver, "gpu-a1", "gpu-7"},          // no slice names it (yet): unmapped
+				[3]string{gpu.DRADriver, "gpu-a1", "gpu-7"},         // no slice names it (yet): unmapped
 				[3]string{"nic.example.com", "gpu-a1", "eth1"})}}}}, // not a GPU driver: ignored
 	}}
 	a := gpu.BuildAllocations(resp, gpu.ResourceFilter{Slices: slices})
