@@ -14,6 +14,8 @@ ALERTMANAGER_VERSION=v0.31.1
 HELM_VERSION=v3.22.0
 # staticcheck 2026.1 (v0.8.x) is the first release for Go 1.26.
 STATICCHECK_VERSION=v0.8.2
+# The CRDs deploy/apiserver_test.go installs come from the same version.
+PROMETHEUS_OPERATOR_VERSION=v0.85.0
 
 root=$(cd "$(dirname "$0")/.." && pwd)
 tools=${ZONEWATCH_TOOLS:-$root/.tools}
@@ -72,8 +74,33 @@ kube_apiserver() {
   rm -rf "$w"
 }
 
+# prometheus-operator's go.mod replaces its own pkg/apis/monitoring and
+# pkg/client modules with local folders, so `go install` refuses it: a
+# wrapper module requires it and pins both to the published same version.
+prometheus_operator() {
+  local v=$PROMETHEUS_OPERATOR_VERSION
+  local dir=$tools/prometheus-operator-$v
+  if [ -x "$dir/operator" ]; then return; fi
+  log "building prometheus-operator $v (cold: minutes)"
+  local w=$tools/prometheus-operator-build m=github.com/prometheus-operator/prometheus-operator
+  rm -rf "$w" "$dir.tmp"; mkdir -p "$w"
+  {
+    echo "module zonewatch.local/promoperator"
+    echo "go 1.26"
+    echo "require $m $v"
+    echo "replace $m/pkg/apis/monitoring => $m/pkg/apis/monitoring $v"
+    echo "replace $m/pkg/client => $m/pkg/client $v"
+  } >"$w/go.mod"
+  printf '//go:build tools\n\npackage main\n\nimport _ "%s/cmd/operator"\n' "$m" >"$w/tools.go"
+  (cd "$w" && go get "$m/cmd/operator@$v" >&2)
+  (cd "$w" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X github.com/prometheus/common/version.Version=${v#v}" -o "$dir.tmp/operator" "$m/cmd/operator")
+  rm -rf "$dir"; mv "$dir.tmp" "$dir"
+  rm -rf "$w"
+}
+
 etcd_bin
 kube_apiserver
+prometheus_operator
 goinstall "prometheus-$PROMETHEUS_VERSION" \
   "github.com/prometheus/prometheus/cmd/prometheus@$PROMETHEUS_VERSION" \
   "github.com/prometheus/prometheus/cmd/promtool@$PROMETHEUS_VERSION"
@@ -99,5 +126,6 @@ for b in prometheus promtool; do ln -sf "$tools/prometheus-$PROMETHEUS_VERSION/$
 for b in alertmanager amtool; do ln -sf "$tools/alertmanager-$ALERTMANAGER_VERSION/$b" "$tools/bin/$b"; done
 ln -sf "$tools/helm-$HELM_VERSION/helm" "$tools/bin/helm"
 ln -sf "$tools/staticcheck-$STATICCHECK_VERSION/staticcheck" "$tools/bin/staticcheck"
+ln -sf "$tools/prometheus-operator-$PROMETHEUS_OPERATOR_VERSION/operator" "$tools/bin/prometheus-operator"
 log "ready in $tools/bin"
 echo "$tools/bin"
