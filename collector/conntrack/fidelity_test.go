@@ -147,6 +147,13 @@ func TestLayoutDecidedOncePerMap(t *testing.T) {
 			conntrack.Value{Word0: 10, Word1: 1000, Packets: 20, Bytes: 30000, TxFlagsSeen: 0x12, RxFlagsSeen: 0x12}})
 	}
 	src.Set(conntrack.MapTCP4, table(old...))
+	// A UDP map with split entries too, which sees no new ones later.
+	var udp []ctEntry
+	for i := 0; i < 10; i++ {
+		udp = append(udp, ctEntry{conntrack.Tuple{Src: worker0, Dst: master, SrcPort: uint16(20000 + i), DstPort: 5000, Proto: 17},
+			conntrack.Value{Word0: 3, Word1: 300, Packets: 3, Bytes: 300}})
+	}
+	src.Set(conntrack.MapAny4, table(udp...))
 	p.Poll(t0)
 	if got := selfValue(t, reg, "zonewatch_conntrack_layout_info", "layout", "split"); got != 1 {
 		t.Fatalf("layout split = %v after 40 split entries", got)
@@ -177,6 +184,11 @@ func TestLayoutDecidedOncePerMap(t *testing.T) {
 	}
 	if got := selfValue(t, reg, "zonewatch_conntrack_layout_changes_total", "map", conntrack.MapTCP4); got != 1 {
 		t.Fatalf("layout changes = %v, want 1", got)
+	}
+	// The UDP map had too few new entries to vote; one datapath writes
+	// both, so it follows.
+	if got := selfValue(t, reg, "zonewatch_conntrack_layout_changes_total", "map", conntrack.MapAny4); got != 1 {
+		t.Fatalf("layout changes of the UDP map = %v, want 1", got)
 	}
 	if !strings.Contains(logs.String(), "conntrack layout changed") {
 		t.Fatalf("change not logged:\n%s", logs)

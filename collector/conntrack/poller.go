@@ -703,11 +703,21 @@ func (p *Poller) decideLayout(name string, ts *tableState) {
 		return
 	}
 	if l, ok := verdict(ts.young, changeVotes, 95); ok && l != ts.layout {
+		was := ts.layout
 		p.log.Warn("conntrack layout changed: the entries created since say otherwise (Cilium upgraded or downgraded across 1.16?)",
-			"map", name, "was", ts.layout.String(), "layout", l.String(),
+			"map", name, "was", was.String(), "layout", l.String(),
 			"split_votes", ts.young[EvidenceSplit], "combined_votes", ts.young[EvidenceCombined])
 		p.m.layoutChanges.WithLabelValues(mapLabel(name)).Inc()
 		p.setLayout(ts, l)
+		// One datapath writes every map: the others that had the old
+		// layout (a UDP map may see too few new entries to vote) follow.
+		for other, ots := range p.tables {
+			if ots.layout == was {
+				p.log.Warn("conntrack layout changed with another map's", "map", other, "with", name, "layout", l.String())
+				p.m.layoutChanges.WithLabelValues(mapLabel(other)).Inc()
+				p.setLayout(ots, l)
+			}
+		}
 		return
 	}
 	if ts.young[EvidenceSplit]+ts.young[EvidenceCombined] >= maxWindow {

@@ -143,6 +143,9 @@ func key6(opener, acceptor netip.Addr, sport, dport uint16, proto u8proto.U8prot
 // skips saying what is missing.
 func bpfDir(t *testing.T) string {
 	t.Helper()
+	if testing.Short() {
+		t.Skip("real BPF maps: skipped in -short")
+	}
 	_ = rlimit.RemoveMemlock()
 	probe, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.LRUHash, KeySize: 4, ValueSize: 4, MaxEntries: 1})
 	if err != nil {
