@@ -10,7 +10,7 @@ LDFLAGS := -X github.com/prometheus/common/version.Version=$(VERSION) \
 # Generated artifacts: committed, regenerated and diffed by `make test`.
 GENERATED := rules dashboards deploy docs/flags.md
 
-.PHONY: run test build lint bench tools generate check-generated e2e fuzz gpu-smoke clean
+.PHONY: run test test-unit test-integration build lint bench tools generate check-generated e2e fuzz gpu-smoke clean
 
 ## run: the exporter on the built-in simulated cluster; prints the /metrics URL
 run: build
@@ -24,19 +24,32 @@ build:
 tools:
 	@bash hack/tools.sh >/dev/null
 
-## test: every test, with the real kube-apiserver, Prometheus, Alertmanager.
-## Generated artifacts are compared with their generators inside the Go tests.
-test: tools lint
-	ZONEWATCH_TOOLS_BIN=$(TOOLS_BIN) ZONEWATCH_REQUIRE_TOOLS=1 $(GO) test -count=1 -timeout 30m ./...
+## test: every tier: lint, the unit and integration tests, the end-to-end
+## tests (what .ci/run calls). Generated artifacts are compared with their
+## generators inside the Go tests.
+test: lint test-integration e2e
+
+## test-unit: the unit tier: no tools, no root, no network (go test -short); seconds
+test-unit:
+	env -u CI -u ZONEWATCH_REQUIRE_TOOLS $(GO) test -short -count=1 ./...
+
+## test-integration: every test but the end-to-end ones, with the tools required
+## (kube-apiserver, promtool, helm, the schema check, real BPF maps as root)
+test-integration: tools
+	ZONEWATCH_TOOLS_BIN=$(TOOLS_BIN) ZONEWATCH_REQUIRE_TOOLS=1 $(GO) test -count=1 -timeout 30m $$($(GO) list ./... | grep -v '/e2e$$')
 	CGO_ENABLED=1 CGO_CFLAGS="-O2 -g -Wno-deprecated-declarations" $(GO) test -count=1 -tags nvml ./collector/gpu/
 	@# The conntrack reader against Cilium's own ctmap types in real BPF maps (a module of its own; its real-map tests skip without root).
 	cd internal/ctmappeer && $(GO) vet ./... && $(GO) test -count=1 ./...
+	@# The Hubble client against Cilium's own Observer, parser, filters and field mask (a module of its own).
+	cd internal/hubblepeer && $(GO) vet ./... && $(GO) test -count=1 ./...
 
-## lint: go vet (also the cgo GPU adapters) and a gofmt check
-lint:
+## lint: go vet (also the cgo GPU adapters), gofmt, tidy modules (every go.mod), staticcheck (pinned, staticcheck.conf)
+lint: tools
 	$(GO) vet ./...
 	CGO_ENABLED=1 CGO_CFLAGS="-O2 -g -Wno-deprecated-declarations" $(GO) vet -tags nvml ./collector/gpu/...
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	@for m in $$(git ls-files 'go.mod' '*/go.mod'); do (cd $$(dirname $$m) && $(GO) mod tidy -diff) || { echo "$$m is not tidy: run go mod tidy in $$(dirname $$m)"; exit 1; }; done
+	$(TOOLS_BIN)/staticcheck ./...
 
 ## generate: rule files, dashboards, rendered manifests, the flag tables of docs/flags.md
 generate:

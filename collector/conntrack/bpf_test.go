@@ -28,6 +28,9 @@ type bpfEnv struct {
 // newBPFEnv mounts a bpffs, or skips the test saying what is missing.
 func newBPFEnv(tb testing.TB) *bpfEnv {
 	tb.Helper()
+	if testing.Short() {
+		tb.Skip("real BPF maps: skipped in -short (make test-unit)")
+	}
 	if err := rlimit.RemoveMemlock(); err != nil {
 		tb.Logf("RemoveMemlock: %v", err)
 	}

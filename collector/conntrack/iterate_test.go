@@ -12,6 +12,9 @@ import (
 // kernels without BPF_MAP_LOOKUP_BATCH (before 5.6), and checks it sees
 // what the batch read sees.
 func TestIterateFallback(t *testing.T) {
+	if testing.Short() {
+		t.Skip("real BPF maps: skipped in -short (make test-unit)")
+	}
 	_ = rlimit.RemoveMemlock()
 	m, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.LRUHash, KeySize: KeySize6, ValueSize: ValueSize, MaxEntries: 64})
 	if err != nil {

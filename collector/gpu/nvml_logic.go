@@ -9,6 +9,8 @@ const (
 )
 
 // gpmMetricIDs is the order the adapter requests GPM metrics in.
+//
+//lint:ignore U1000 used by nvml.go, which only builds with -tags nvml
 var gpmMetricIDs = [3]uint32{gpmGraphicsUtil, gpmSMUtil, gpmAnyTensorUtil}
 
 // gpmResult is one metric of an nvmlGpmMetricsGet reply.

@@ -109,7 +109,7 @@ func TestPodResourcesClientAgainstFakeKubelet(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer srv.Close()
+	defer func() { srv.Close() }() // the kubelet restarted below is closed too
 	skipped := prometheus.NewCounter(prometheus.CounterOpts{Name: "skipped"})
 	c, err := gpu.DialPodResources(sock, gpu.ResourceFilter{}, skipped)
 	if err != nil {

@@ -31,6 +31,7 @@ import (
 // or CI is set (make test sets it: a green run must have run everything).
 func ToolsBin(t testing.TB, tools ...string) string {
 	t.Helper()
+	Integration(t)
 	dir := os.Getenv("ZONEWATCH_TOOLS_BIN")
 	if dir == "" {
 		_, file, _, _ := runtime.Caller(0)
@@ -39,11 +40,55 @@ func ToolsBin(t testing.TB, tools ...string) string {
 	for _, tool := range tools {
 		if _, err := os.Stat(filepath.Join(dir, tool)); err != nil {
 			msg := fmt.Sprintf("%s not found in %s: run `make tools` (or `make test`, which does)", tool, dir)
-			if os.Getenv("ZONEWATCH_REQUIRE_TOOLS") != "" || os.Getenv("CI") != "" {
+			if Required() {
 				t.Fatal(msg)
 			}
 			t.Skip(msg)
 		}
+	}
+	return dir
+}
+
+// Required reports whether a test that cannot run must fail instead of
+// skipping: ZONEWATCH_REQUIRE_TOOLS or CI is set (make test-integration and
+// make e2e set it: a green run must have run everything).
+func Required() bool {
+	return os.Getenv("ZONEWATCH_REQUIRE_TOOLS") != "" || os.Getenv("CI") != ""
+}
+
+// Integration skips the test in the unit tier (go test -short, make
+// test-unit): it needs tools, root or real components.
+func Integration(t testing.TB) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("integration test: skipped in -short (make test-unit); make test-integration runs it")
+	}
+}
+
+// RealData returns the folder sub of the shared real samples
+// ($ZONEWATCH_REALDATA, else ../shared/realdata beside the repository). When
+// the whole samples folder is absent the test is skipped with a message
+// naming it, or fails under ZONEWATCH_REQUIRE_REALDATA; when the samples
+// are there but sub is not, it fails (a moved folder must not turn into a
+// silent skip).
+func RealData(t testing.TB, sub string) string {
+	t.Helper()
+	root := os.Getenv("ZONEWATCH_REALDATA")
+	if root == "" {
+		_, file, _, _ := runtime.Caller(0)
+		root = filepath.Join(filepath.Dir(file), "..", "..", "..", "shared", "realdata")
+	}
+	root = filepath.Clean(root)
+	if _, err := os.Stat(root); err != nil {
+		msg := fmt.Sprintf("real samples folder %s absent (%v): set ZONEWATCH_REALDATA to test against it", root, err)
+		if os.Getenv("ZONEWATCH_REQUIRE_REALDATA") != "" {
+			t.Fatal(msg)
+		}
+		t.Skip(msg)
+	}
+	dir := filepath.Join(root, sub)
+	if _, err := os.Stat(dir); err != nil {
+		t.Fatalf("real samples folder %s is there but %s is not: %v", root, sub, err)
 	}
 	return dir
 }
