@@ -201,11 +201,9 @@ const RuleSyntax = "name=LABEL,kind=KIND[,role=LABEL|LABEL][,rank0=LABEL|LABEL][
 // ParseRule reads a rule from a flag value (RuleSyntax). coordinator=LABEL=VALUE
 // marks pods whose LABEL is VALUE; coordinator=LABEL alone reads LABEL as
 // the coordinator's hostname (JobSet's form). group=LABEL makes each value
-// of LABEL a job of its own. A custom rule takes job_kind from the pod's
-// controller owner (resolved to the top owner) when that is not a Job,
-// ReplicaSet or StatefulSet.
+// of LABEL a job of its own. job_kind is KIND as given.
 func ParseRule(s string) (Rule, error) {
-	r := Rule{KindFromOwner: true}
+	var r Rule
 	for _, part := range strings.Split(s, ",") {
 		k, v, ok := strings.Cut(strings.TrimSpace(part), "=")
 		if !ok || v == "" {
@@ -326,11 +324,12 @@ func Identify(rules []Rule, p PodMeta, owners Owners) (Identity, bool) {
 			id.Kind = k
 		}
 		if r.KindFromOwner {
-			top, ok := topOwner(p.Namespace, p.Owner, owners)
+			top, looked, ok := topOwner(p.Namespace, p.Owner, owners)
 			switch {
-			case ok && r.GroupLabel == "":
-				// The object the user created; its name where a chain led
-				// there (a RayJob's RayCluster is "<rayjob>-<random>").
+			case ok && looked && r.GroupLabel == "":
+				// The object the user created, above the one the labels
+				// name: its name too (a RayJob's RayCluster is
+				// "<rayjob>-<random>").
 				id.Kind, id.Name = top.Kind, top.Name
 			case ok:
 				id.Kind = top.Kind
@@ -346,18 +345,17 @@ func Identify(rules []Rule, p PodMeta, owners Owners) (Identity, bool) {
 }
 
 // topOwner walks controller references up from the pod's owner and
-// returns the highest that is not an intermediate controller. A
-// Kubeflow v1 pod's own owner (PyTorchJob) is found without lookups.
-func topOwner(namespace string, o *OwnerRef, owners Owners) (OwnerRef, bool) {
+// returns the highest that is not an intermediate controller, and whether
+// it took a lookup to get there. A Kubeflow v1 pod's own owner (PyTorchJob)
+// is found without one.
+func topOwner(namespace string, o *OwnerRef, owners Owners) (top OwnerRef, looked, found bool) {
 	if o == nil {
-		return OwnerRef{}, false
+		return OwnerRef{}, false, false
 	}
-	var top OwnerRef
-	found := false
 	cur := *o
 	for depth := 0; depth < 5; depth++ {
 		if !intermediateKinds[cur.Kind] {
-			top, found = cur, true
+			top, found, looked = cur, true, depth > 0
 		}
 		if owners == nil {
 			break
@@ -368,7 +366,7 @@ func topOwner(namespace string, o *OwnerRef, owners Owners) (OwnerRef, bool) {
 		}
 		cur = next
 	}
-	return top, found
+	return top, looked, found
 }
 
 // hostname is the pod's spec.hostname, or what the Job controller sets it
