@@ -24,6 +24,7 @@ import (
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/yaml"
 
+	"github.com/zonewatch/zonewatch/collector/gpu"
 	"github.com/zonewatch/zonewatch/collector/kube"
 	"github.com/zonewatch/zonewatch/internal/testenv"
 )
@@ -225,7 +226,8 @@ var variants = []variant{
 	}},
 	{"gpu dcgm-exporter without PodResources", "gpu: {source: dcgm-exporter, podResources: {enabled: false}}", func(t *testing.T, _ []*unstructured.Unstructured, _ string, spec *corev1.PodSpec) {
 		c := &spec.Containers[0]
-		wantArgs(t, c, "--gpu.source=dcgm-exporter", "--gpu.podresources-socket=", "--gpu.dcgm-exporter-url=http://$(HOST_IP):9400/metrics")
+		wantArgs(t, c, "--gpu.source=dcgm-exporter", "--gpu.podresources-socket=")
+		noArgPrefix(t, c, "--gpu.dcgm-exporter-url")
 		wantHostPaths(t, spec, "/var/run/cilium", "/sys/fs/bpf")
 	}},
 	{"conntrack off", "conntrack: {enabled: false}", func(t *testing.T, _ []*unstructured.Unstructured, _ string, spec *corev1.PodSpec) {
@@ -565,6 +567,9 @@ func readResources() map[string][]string {
 	out := map[string][]string{"": {"pods", "nodes"}}
 	for _, o := range kube.OwnerResources {
 		out[o.GVR.Group] = append(out[o.GVR.Group], o.GVR.Resource)
+	}
+	for _, r := range gpu.ReadResources {
+		out[r.Group] = append(out[r.Group], r.Resource)
 	}
 	return out
 }

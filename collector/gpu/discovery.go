@@ -14,6 +14,7 @@ import (
 	resourcev1 "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	klabels "k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
@@ -490,3 +491,7 @@ func (s *discoveredSource) Read(ctx context.Context) ([]Sample, error) {
 	}
 	return ss, nil
 }
+
+// ReadResources are the API resources discovery lists and watches besides
+// pods and nodes (the chart's ClusterRole grants get, list, watch on them).
+var ReadResources = []schema.GroupVersionResource{resourcev1.SchemeGroupVersion.WithResource("resourceslices")}

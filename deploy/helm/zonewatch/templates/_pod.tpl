@@ -80,7 +80,12 @@ spec:
         {{- if include "zonewatch.gpu" . }}
         - --gpu.source={{ .Values.gpu.source }}
         - --gpu.interval={{ .Values.gpu.interval }}
-        - --gpu.dcgm-exporter-url={{ .Values.gpu.dcgmExporterURL }}
+        {{- with .Values.gpu.dcgmExporterURL }}
+        - --gpu.dcgm-exporter-url={{ . }}
+        {{- end }}
+        {{- range .Values.gpu.dcgmExporterSelectors }}
+        - --gpu.dcgm-exporter-selector={{ . }}
+        {{- end }}
         {{- if include "zonewatch.podResources" . }}
         - --gpu.podresources-socket={{ .Values.gpu.podResources.hostPath }}/kubelet.sock
         {{- else }}
@@ -113,7 +118,7 @@ spec:
           valueFrom:
             fieldRef:
               fieldPath: spec.nodeName
-        # For a dcgm-exporter reachable on the node's address (gpu.dcgmExporterURL).
+        # For gpu.dcgmExporterURL=http://$(HOST_IP):9400/metrics (a dcgm-exporter with hostNetwork).
         - name: HOST_IP
           valueFrom:
             fieldRef:
