@@ -9,17 +9,21 @@ import (
 	"testing"
 
 	"sigs.k8s.io/yaml"
+
+	"github.com/zonewatch/zonewatch/internal/testenv"
 )
 
-// realdata holds files written by real Cilium, kubectl, dcgm-exporter and
-// the job operators' own examples (see its SOURCES.md).
-const realdata = "../../shared/realdata"
-
+// realFiles are the files of ../shared/realdata (written by real Cilium,
+// kubectl, dcgm-exporter and the job operators' own examples; see its
+// SOURCES.md) that match pattern, "folder/glob". The test skips, naming the
+// folder, only when the samples are absent.
 func realFiles(t *testing.T, pattern string) []string {
 	t.Helper()
-	files, _ := filepath.Glob(filepath.Join(realdata, pattern))
+	sub, glob, _ := strings.Cut(pattern, "/")
+	dir := testenv.RealData(t, sub)
+	files, _ := filepath.Glob(filepath.Join(dir, glob))
 	if len(files) == 0 {
-		t.Skip("no real data at " + filepath.Join(realdata, pattern))
+		t.Fatalf("no file in %s matches %s", dir, glob)
 	}
 	return files
 }

@@ -12,15 +12,18 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/zonewatch/zonewatch/internal/testenv"
 )
 
 // realData holds dcgm-exporter pages captured by other projects.
 const realData = "../../../shared/realdata/dcgm"
 
 func TestParseDCGMExporterRealPages(t *testing.T) {
-	files, _ := filepath.Glob(filepath.Join(realData, "*.txt"))
+	dir := testenv.RealData(t, "dcgm")
+	files, _ := filepath.Glob(filepath.Join(dir, "*.txt"))
 	if len(files) == 0 {
-		t.Skip("no real dcgm-exporter pages at " + realData)
+		t.Fatalf("no dcgm-exporter page (*.txt) in %s", dir)
 	}
 	// What each page says of GPU_UTIL (percent) for its GPU.
 	want := map[string]struct {

@@ -9,6 +9,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/yaml"
 
+	"github.com/zonewatch/zonewatch/internal/testenv"
 	"github.com/zonewatch/zonewatch/topology"
 )
 
@@ -16,10 +17,10 @@ import (
 // ../shared/realdata: each pod template's labels as the controller would
 // stamp them are not available, but the MPIJob pod metadata is.
 func TestRealMPIJobPods(t *testing.T) {
-	path := filepath.Join("..", "..", "..", "shared", "realdata", "k8s", "kueue-issue-8471-mpijob-v2-pods-metadata-only.yaml")
+	path := filepath.Join(testenv.RealData(t, "k8s"), "kueue-issue-8471-mpijob-v2-pods-metadata-only.yaml")
 	data, err := os.ReadFile(path)
 	if err != nil {
-		t.Skipf("real data not available: %v", err)
+		t.Fatal(err)
 	}
 	roles := map[string]string{}
 	for _, doc := range strings.Split(string(data), "\n---") {
