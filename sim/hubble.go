@@ -13,10 +13,13 @@ import (
 	flowpb "github.com/cilium/cilium/api/v1/flow"
 	observerpb "github.com/cilium/cilium/api/v1/observer"
 	relaypb "github.com/cilium/cilium/api/v1/relay"
+	"github.com/cilium/cilium/pkg/hubble/parser/fieldmask"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/types/known/fieldmaskpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 )
@@ -206,11 +209,18 @@ func (o *observer) GetFlows(req *observerpb.GetFlowsRequest, stream grpc.ServerS
 	if err != nil {
 		return err
 	}
-	var mask maskTree
-	if paths := req.GetFieldMask().GetPaths(); len(paths) > 0 {
-		if mask, err = newMaskTree((&flowpb.Flow{}).ProtoReflect().Descriptor(), paths); err != nil {
-			return err
-		}
+	// The field mask is Cilium's own (pkg/hubble/parser/fieldmask, the
+	// module's version): a path the Flow lacks fails the whole call with
+	// "invalid fieldmask", and one Flow is filled again for every send, as
+	// in pkg/hubble/observer/local_observer.go GetFlows.
+	mask, err := fieldmask.New(req.GetFieldMask())
+	if err != nil {
+		return err
+	}
+	var masked *flowpb.Flow
+	if mask.Active() {
+		masked = new(flowpb.Flow)
+		mask.Alloc(masked.ProtoReflect())
 	}
 	var since, until int64 = -1 << 63, 1<<63 - 1
 	if req.GetSince() != nil {
@@ -232,7 +242,11 @@ func (o *observer) GetFlows(req *observerpb.GetFlowsRequest, stream grpc.ServerS
 	}
 
 	h.mu.Lock()
-	pos := h.next
+	// Following without since or number starts two entries back, like
+	// Cilium's ring (container.Ring.LastWriteParallel: write-2, the newest
+	// entry it is sure was written): a "new flows only" stream gets up to
+	// two older ones first.
+	pos := max(h.firstLocked(), h.next-min(h.next, 2))
 	switch {
 	case req.GetSince() != nil || req.GetFirst():
 		pos = h.firstLocked()
@@ -284,8 +298,9 @@ func (o *observer) GetFlows(req *observerpb.GetFlowsRequest, stream grpc.ServerS
 			if (len(white) > 0 && !white.match(f)) || (len(black) > 0 && black.match(f)) {
 				continue
 			}
-			if mask != nil {
-				r = &observerpb.GetFlowsResponse{ResponseTypes: &observerpb.GetFlowsResponse_Flow{Flow: mask.apply(f.ProtoReflect()).Interface().(*flowpb.Flow)},
+			if masked != nil {
+				mask.Copy(masked.ProtoReflect(), f.ProtoReflect())
+				r = &observerpb.GetFlowsResponse{ResponseTypes: &observerpb.GetFlowsResponse_Flow{Flow: masked},
 					NodeName: r.GetNodeName(), Time: r.GetTime()}
 			}
 			if err := stream.Send(r); err != nil {
@@ -412,69 +427,21 @@ func matchPod(want []string, ep *flowpb.Endpoint) bool {
 	return false
 }
 
-// maskTree is a compiled field mask: a field maps to nil (the whole
-// field) or to the mask of its sub-message.
-type maskTree map[protoreflect.Name]maskTree
-
-func newMaskTree(md protoreflect.MessageDescriptor, paths []string) (maskTree, error) {
-	root := maskTree{}
-	for _, p := range paths {
-		node, d := root, md
-		parts := strings.Split(p, ".")
-	walk:
-		for i, part := range parts {
-			fd := d.Fields().ByName(protoreflect.Name(part))
-			if fd == nil {
-				return nil, status.Errorf(codes.InvalidArgument, "sim: field mask path %q: no field %q in %s", p, part, d.FullName())
-			}
-			if i == len(parts)-1 {
-				node[fd.Name()] = nil // the whole field wins over parts of it
-				break
-			}
-			if fd.Message() == nil || fd.IsList() || fd.IsMap() {
-				return nil, status.Errorf(codes.InvalidArgument, "sim: field mask path %q: %q is not a message", p, part)
-			}
-			sub, seen := node[fd.Name()]
-			switch {
-			case seen && sub == nil:
-				break walk // already whole
-			case sub == nil:
-				sub = maskTree{}
-				node[fd.Name()] = sub
-			}
-			node, d = sub, fd.Message()
-		}
-	}
-	return root, nil
-}
-
-// apply returns a copy of m holding only the masked fields; whole fields
-// are shared with m, which the server never changes after publishing.
-func (t maskTree) apply(m protoreflect.Message) protoreflect.Message {
-	out := m.New()
-	fields := m.Descriptor().Fields()
-	for name, sub := range t {
-		fd := fields.ByName(name)
-		if !m.Has(fd) {
-			continue
-		}
-		if sub == nil {
-			out.Set(fd, m.Get(fd))
-			continue
-		}
-		out.Set(fd, protoreflect.ValueOfMessage(sub.apply(m.Get(fd).Message())))
-	}
-	return out
-}
-
 func wrapU32(n int) *wrapperspb.UInt32Value { return wrapperspb.UInt32(uint32(n)) }
 
-// MaskFlow returns what a server sends for f under a field mask: a copy
-// with only the fields named by paths (sub-messages are shared with f).
+// MaskFlow returns what a Hubble server sends for f under a field mask
+// (Cilium's fieldmask package): a copy with only the fields named by
+// paths; whole fields are shared with f.
 func MaskFlow(f *flowpb.Flow, paths []string) (*flowpb.Flow, error) {
-	t, err := newMaskTree(f.ProtoReflect().Descriptor(), paths)
+	mask, err := fieldmask.New(&fieldmaskpb.FieldMask{Paths: paths})
 	if err != nil {
 		return nil, err
 	}
-	return t.apply(f.ProtoReflect()).Interface().(*flowpb.Flow), nil
+	out := new(flowpb.Flow)
+	if !mask.Active() {
+		return proto.Clone(f).(*flowpb.Flow), nil
+	}
+	mask.Alloc(out.ProtoReflect())
+	mask.Copy(out.ProtoReflect(), f.ProtoReflect())
+	return out, nil
 }

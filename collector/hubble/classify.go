@@ -70,6 +70,7 @@ const (
 	eventDrop          = 1
 	eventTrace         = 4
 	eventPolicyVerdict = 5
+	eventL7            = 129 // MessageTypeAccessLog
 )
 
 // Side names one end of a flow.
@@ -184,6 +185,10 @@ func (c *Classifier) Classify(f *flowpb.Flow) Result {
 		if countForwarded(f, event, srcLocal, dstLocal) {
 			r.Count, r.Verdict = Forwarded, VerdictForwarded
 		}
+	case f.GetVerdict() == flowpb.Verdict_DROPPED && event == eventL7:
+		// An L7 denial (HTTP 403, DNS refused by an L7 policy): the proxy
+		// refused a request on a forwarded connection; no packet was
+		// dropped. Not counted (the client does not even ask for them).
 	case f.GetVerdict() == flowpb.Verdict_DROPPED:
 		if (event == eventDrop || event == eventPolicyVerdict) && c.pair(f, event) {
 			break // the other event of this packet counted it
@@ -365,11 +370,17 @@ func isLocal(e topology.Endpoint, ep *flowpb.Endpoint, node string) bool {
 	return ep.GetID() != 0
 }
 
-// Reserved identities of addresses outside the cluster.
+// Reserved identities of addresses outside the cluster, and the scope of
+// the identities Cilium allocates on a node for CIDR, FQDN and
+// kube-apiserver peers (pkg/identity/numericidentity.go, v1.20:
+// IdentityScopeMask 0xFF000000, IdentityScopeLocal 1<<24; remote-node
+// identities are scope 2<<24 and cluster-wide ones scope 0).
 const (
-	identityWorld     = 2
-	identityWorldIPv4 = 9
-	identityWorldIPv6 = 10
+	identityWorld      = 2
+	identityWorldIPv4  = 9
+	identityWorldIPv6  = 10
+	identityScopeMask  = 0xFF000000
+	identityScopeLocal = 1 << 24
 )
 
 // clusterIdentity reports whether a security identity belongs to the
@@ -388,10 +399,18 @@ func clusterIdentity(id uint32) bool {
 	return false
 }
 
+// isWorld reports whether a side is outside the cluster: a world identity
+// or a local-scope (CIDR/FQDN) one. It decides by the identity, which the
+// field mask keeps, so that live flows (masked, no labels) and files
+// (whole flows) agree; labels decide only when there is no identity.
 func isWorld(ep *flowpb.Endpoint) bool {
-	switch ep.GetIdentity() {
-	case identityWorld, identityWorldIPv4, identityWorldIPv6:
+	switch id := ep.GetIdentity(); {
+	case id == identityWorld, id == identityWorldIPv4, id == identityWorldIPv6:
 		return true
+	case id&identityScopeMask == identityScopeLocal:
+		return true
+	case id != 0:
+		return false
 	}
 	for _, l := range ep.GetLabels() {
 		if strings.HasPrefix(l, "reserved:world") {

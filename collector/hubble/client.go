@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"os"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -44,20 +45,32 @@ type Config struct {
 	// NoFieldMask asks for whole flows (benchmarks; the mask is what a
 	// server older than field_mask support ignores anyway).
 	NoFieldMask bool
+	// FieldMask replaces FieldMaskPaths (tests: a path the server does not
+	// know). A server that refuses the mask ("invalid fieldmask") gets no
+	// mask from then on.
+	FieldMask []string
 	// BackoffMin and BackoffMax bound the reconnect delay (defaults 500ms
 	// and 30s); each failed try doubles it, with jitter.
 	BackoffMin, BackoffMax time.Duration
 	// Since replays the server's buffered flows from this time on the
 	// first connection; zero starts with new flows only, so a restarted
-	// exporter does not count the buffer again.
+	// exporter does not count the buffer again. Flows and lost events
+	// stamped before Since (zero: before the first connection) are never
+	// counted: Hubble starts a follow without since two ring entries back
+	// (container.Ring.LastWriteParallel), and replays stored lost events
+	// on since without a time filter.
 	Since  time.Time
 	Logger *slog.Logger
 }
 
 // Whitelist is the server-side filter: forwarded trace events that are
-// not replies (the candidates for the sending-side count) and every drop
-// event (drop notifications and policy-verdict denials). Policy-verdict
-// "allowed", L7 and socket events never reach the exporter.
+// not replies (the candidates for the sending-side count) and the drop
+// events of packets (drop notifications and policy-verdict denials).
+// Policy-verdict "allowed", socket events and L7 events never reach the
+// exporter: an L7 denial (type 129, verdict DROPPED: an HTTP 403 or a DNS
+// refusal by an L7 policy) is a request refused by the proxy on a
+// connection that was forwarded, not a dropped packet, and is not counted
+// (see docs/hubble.md).
 func Whitelist() []*flowpb.FlowFilter {
 	return []*flowpb.FlowFilter{
 		{
@@ -65,7 +78,10 @@ func Whitelist() []*flowpb.FlowFilter {
 			EventType: []*flowpb.EventTypeFilter{{Type: eventTrace}},
 			Reply:     []bool{false},
 		},
-		{Verdict: []flowpb.Verdict{flowpb.Verdict_DROPPED}},
+		{
+			Verdict:   []flowpb.Verdict{flowpb.Verdict_DROPPED},
+			EventType: []*flowpb.EventTypeFilter{{Type: eventDrop}, {Type: eventPolicyVerdict}},
+		},
 	}
 }
 
@@ -96,7 +112,27 @@ type Client struct {
 	lastMark *int64
 	resumed  bool
 	replayed atomic.Uint64 // flows skipped as counted before a reconnect
+	// lostMarks holds, per node and source, the time of the latest
+	// lost_events response counted: Hubble keeps the perf-ring and queue
+	// LostEvents in its ring and sends them again to every since request.
+	lostMarks    map[lostKey]int64
+	replayedLost atomic.Uint64 // lost_events responses skipped as counted
+	// notBefore (unix ns): flows and lost events stamped earlier are not
+	// counted (Config.Since, else the first connection's start).
+	notBefore int64
+	early     atomic.Uint64 // flows skipped as older than notBefore
+	// noMask: the server refused the field mask; whole flows from then on.
+	noMask bool
 }
+
+// errMaskRefused ends a session whose server refused the field mask; the
+// next one, without the mask, starts at once.
+type lostKey struct {
+	node   string
+	source flowpb.LostEventSource
+}
+
+var errMaskRefused = errors.New("hubble server refused the field mask")
 
 // NewClient returns a client feeding agg.
 func NewClient(cfg Config, agg *Aggregator) *Client {
@@ -112,7 +148,12 @@ func NewClient(cfg Config, agg *Aggregator) *Client {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Client{cfg: cfg, agg: agg, m: agg.Metrics(), logger: cfg.Logger, marks: map[string]*int64{}}
+	c := &Client{cfg: cfg, agg: agg, m: agg.Metrics(), logger: cfg.Logger, marks: map[string]*int64{}, lostMarks: map[lostKey]int64{},
+		notBefore: -1 << 63, noMask: cfg.NoFieldMask}
+	if !cfg.Since.IsZero() {
+		c.notBefore = cfg.Since.UnixNano()
+	}
+	return c
 }
 
 // Up reports whether the flow stream is established (zonewatch_source_up).
@@ -125,10 +166,16 @@ func (c *Client) Run(ctx context.Context) {
 	failures := 0
 	for {
 		start := time.Now()
+		if c.notBefore == -1<<63 {
+			c.notBefore = start.UnixNano()
+		}
 		got, err := c.session(ctx, since, connected)
 		c.up.Store(false)
 		if ctx.Err() != nil {
 			return
+		}
+		if errors.Is(err, errMaskRefused) {
+			continue // at once, without the mask; nothing was received
 		}
 		if got {
 			connected = true
@@ -226,12 +273,37 @@ func (c *Client) session(ctx context.Context, since time.Time, reconnect bool) (
 		c.logger.Info("hubble flow stream re-established", "address", c.cfg.Address, "since", since)
 	}
 	resp := &observerpb.GetFlowsResponse{}
-	for {
+	for first := true; ; first = false {
 		if err := stream.RecvMsg(resp); err != nil {
+			if first && !c.noMask && maskRefused(err) {
+				// Cilium's fieldmask.New refuses a path its Flow does not
+				// have (an older server than the mask): the whole call
+				// fails, so retrying with the mask would fail for ever.
+				c.noMask = true
+				c.m.FieldMaskRefused.Inc()
+				c.logger.Warn("hubble server refused the field mask; receiving whole flows from now on",
+					"address", c.cfg.Address, "err", err, "paths", c.maskPaths())
+				return false, errMaskRefused
+			}
 			return true, fmt.Errorf("receiving hubble flows from %s: %w", c.cfg.Address, err)
 		}
 		c.handle(resp)
 	}
+}
+
+// maskRefused reports whether err is Hubble's refusal of the field mask
+// (pkg/hubble/parser/fieldmask New: "invalid fieldmask", sent as
+// codes.Unknown by v1.20; matched by its text, whatever the code).
+func maskRefused(err error) bool {
+	st, ok := status.FromError(err)
+	return ok && st.Code() != codes.OK && strings.Contains(st.Message(), "invalid fieldmask")
+}
+
+func (c *Client) maskPaths() []string {
+	if c.cfg.FieldMask != nil {
+		return c.cfg.FieldMask
+	}
+	return FieldMaskPaths
 }
 
 func (c *Client) request(since time.Time) *observerpb.GetFlowsRequest {
@@ -239,8 +311,8 @@ func (c *Client) request(since time.Time) *observerpb.GetFlowsRequest {
 	if !since.IsZero() {
 		req.Since = timestamppb.New(since)
 	}
-	if !c.cfg.NoFieldMask {
-		req.FieldMask = &fieldmaskpb.FieldMask{Paths: FieldMaskPaths}
+	if !c.noMask {
+		req.FieldMask = &fieldmaskpb.FieldMask{Paths: c.maskPaths()}
 	}
 	return req
 }
@@ -249,11 +321,13 @@ func (c *Client) handle(resp *observerpb.GetFlowsResponse) {
 	switch x := resp.GetResponseTypes().(type) {
 	case *observerpb.GetFlowsResponse_Flow:
 		if c.seen(x.Flow) {
-			c.replayed.Add(1)
 			return
 		}
 		c.agg.Observe(x.Flow)
 	case *observerpb.GetFlowsResponse_LostEvents:
+		if c.seenLost(resp) {
+			return
+		}
 		c.m.Lost(x.LostEvents.GetSource(), x.LostEvents.GetNumEventsLost())
 	case *observerpb.GetFlowsResponse_NodeStatus:
 		ns := x.NodeStatus
@@ -265,14 +339,55 @@ func (c *Client) handle(resp *observerpb.GetFlowsResponse) {
 	}
 }
 
+// seenLost reports whether a lost_events response was counted already
+// (the replay of a stored LostEvent after a reconnect, or one from before
+// the client started), and otherwise records its time as the mark of its
+// node and source. Hubble (pkg/hubble/observer/local_observer.go, v1.20)
+// stores perf-ring and events-queue LostEvents in its ring, stamped when
+// the agent read the loss, and replays them to a since request without a
+// time filter; ring-buffer losses (HUBBLE_RING_BUFFER) are made per
+// stream when sent, never replayed.
+func (c *Client) seenLost(resp *observerpb.GetFlowsResponse) bool {
+	ts := resp.GetTime()
+	if ts == nil {
+		ts = resp.GetLostEvents().GetLast()
+	}
+	if ts == nil {
+		return false
+	}
+	t := ts.GetSeconds()*1e9 + int64(ts.GetNanos())
+	if t < c.notBefore {
+		c.replayedLost.Add(1)
+		return true
+	}
+	src := resp.GetLostEvents().GetSource()
+	if src == flowpb.LostEventSource_HUBBLE_RING_BUFFER {
+		return false
+	}
+	k := lostKey{observingNode(resp.GetNodeName()), src}
+	mark, ok := c.lostMarks[k]
+	if ok && c.resumed && t <= mark {
+		c.replayedLost.Add(1)
+		return true
+	}
+	if !ok || t > mark {
+		c.lostMarks[k] = t
+	}
+	return false
+}
+
 // seen records f's time as its node's mark and reports whether a previous
-// connection counted it already.
+// connection counted it already, or it is older than the client.
 func (c *Client) seen(f *flowpb.Flow) bool {
 	ts := f.GetTime()
 	if ts == nil {
 		return false
 	}
 	t := ts.GetSeconds()*1e9 + int64(ts.GetNanos())
+	if t < c.notBefore {
+		c.early.Add(1)
+		return true
+	}
 	node := f.GetNodeName()
 	mark := c.lastMark
 	if mark == nil || node != c.lastNode {
@@ -282,10 +397,12 @@ func (c *Client) seen(f *flowpb.Flow) bool {
 			*mark = -1 << 63
 			c.marks[node] = mark
 		} else if c.resumed && t <= *mark {
+			c.replayed.Add(1)
 			return true
 		}
 		c.lastNode, c.lastMark = node, mark
 	} else if c.resumed && t <= *mark {
+		c.replayed.Add(1)
 		return true
 	}
 	if t > *mark {

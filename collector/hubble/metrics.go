@@ -84,6 +84,9 @@ type Metrics struct {
 	UnresolvedSrc prometheus.Counter
 	UnresolvedDst prometheus.Counter
 	lost          [4]prometheus.Counter // by flowpb.LostEventSource
+	// FieldMaskRefused counts servers' refusals of the field mask
+	// ("invalid fieldmask"); the client then asks for whole flows.
+	FieldMaskRefused prometheus.Counter
 }
 
 // NewMetrics creates the self metrics and registers them with reg (nil:
@@ -98,7 +101,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Help: "Flow events Hubble reported lost (lost_events), by where they were lost."}, []string{"source"})
 	unresolved := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "zonewatch_flows_unresolved_total",
 		Help: "Counted flows with a side whose cluster address the topology index could not place (side=source|destination); internet peers are not unresolved."}, []string{"side"})
+	maskRefused := prometheus.NewCounter(prometheus.CounterOpts{Name: "zonewatch_hubble_field_mask_refused_total",
+		Help: "Times a Hubble server refused the field mask (invalid fieldmask: it lacks a Flow field the mask names); the client then receives whole flows."})
 	if reg != nil {
+		maskRefused = register(reg, maskRefused)
 		processed = register(reg, processed)
 		reconnects = register(reg, reconnects)
 		lost = register(reg, lost)
@@ -109,6 +115,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		UnresolvedSrc: unresolved.WithLabelValues("source"),
 		UnresolvedDst: unresolved.WithLabelValues("destination"),
 	}
+	m.FieldMaskRefused = maskRefused
 	for i := range m.lost {
 		m.lost[i] = lost.WithLabelValues(lostSourceLabel(flowpb.LostEventSource(i)))
 	}
