@@ -15,6 +15,9 @@ import (
 const namespace = "zonewatch"
 
 // Collector is one part of the exporter's metrics, computed at scrape time.
+// Update returns an error when it cannot export what it should in this
+// scrape (its input is down, so its series are withheld or stale): the
+// scrape goes on and zonewatch_scrape_collector_success is 0 for it.
 type Collector interface {
 	Update(ch chan<- prometheus.Metric) error
 }
@@ -40,11 +43,14 @@ type Exporter struct {
 	mu         sync.Mutex
 	collectors map[string]Collector
 	sources    map[string]Source
+	// failing names the collectors whose last Update failed, so a failure
+	// is logged when it starts and when it ends, not on every scrape.
+	failing map[string]bool
 }
 
 // New returns an empty root collector.
 func New(logger *slog.Logger) *Exporter {
-	return &Exporter{logger: logger, collectors: map[string]Collector{}, sources: map[string]Source{}}
+	return &Exporter{logger: logger, collectors: map[string]Collector{}, sources: map[string]Source{}, failing: map[string]bool{}}
 }
 
 // Add registers a named collector.
@@ -76,6 +82,20 @@ func (e *Exporter) SourcesUp() (bool, []string) {
 	return len(down) == 0, down
 }
 
+// noteResult logs a collector's failure when it starts and its recovery.
+func (e *Exporter) noteResult(name string, err error) {
+	e.mu.Lock()
+	was := e.failing[name]
+	e.failing[name] = err != nil
+	e.mu.Unlock()
+	switch {
+	case err != nil && !was:
+		e.logger.Error("collector failed; zonewatch_scrape_collector_success is 0 until it recovers", "collector", name, "err", err)
+	case err == nil && was:
+		e.logger.Info("collector recovered", "collector", name)
+	}
+}
+
 // Describe sends nothing: the collector is unchecked.
 func (e *Exporter) Describe(chan<- *prometheus.Desc) {}
 
@@ -103,8 +123,8 @@ func (e *Exporter) Collect(ch chan<- prometheus.Metric) {
 			success := 1.0
 			if err != nil {
 				success = 0
-				e.logger.Error("collector failed", "collector", name, "err", err)
 			}
+			e.noteResult(name, err)
 			ch <- prometheus.MustNewConstMetric(scrapeDurationDesc, prometheus.GaugeValue, time.Since(start).Seconds(), name)
 			ch <- prometheus.MustNewConstMetric(scrapeSuccessDesc, prometheus.GaugeValue, success, name)
 		}()

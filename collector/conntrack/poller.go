@@ -325,11 +325,17 @@ func New(src Source, idx Index, cfg Config) (*Poller, error) {
 func (p *Poller) Up() bool { return p.up.Load() }
 
 // Update emits zonewatch_job_network_bytes_total. Counts already made stay
-// while the source is down.
+// while the source is down, but they do not advance: the collector fails
+// (zonewatch_scrape_collector_success 0).
 func (p *Poller) Update(ch chan<- prometheus.Metric) error {
 	p.bytes.Collect(ch)
+	if !p.Up() {
+		return errNotCounting
+	}
 	return nil
 }
+
+var errNotCounting = errors.New("conntrack source down: byte counters are not advancing (see zonewatch_source_up and the log)")
 
 // Bytes returns the counter of one series, for tests and reports.
 func (p *Poller) Bytes(namespace, job, srcZone, dstZone, locality string) float64 {

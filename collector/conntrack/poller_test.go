@@ -101,8 +101,9 @@ func series(t *testing.T, ps ...*conntrack.Poller) map[string]float64 {
 	out := map[string]float64{}
 	for _, p := range ps {
 		ch := make(chan prometheus.Metric, 100)
-		if err := p.Update(ch); err != nil {
-			t.Fatal(err)
+		// Update fails exactly while the source is down.
+		if err := p.Update(ch); (err != nil) == p.Up() {
+			t.Fatalf("Update error %v with the source up %v", err, p.Up())
 		}
 		close(ch)
 		for m := range ch {

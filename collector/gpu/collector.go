@@ -1,6 +1,7 @@
 package gpu
 
 import (
+	"errors"
 	"math"
 	"strconv"
 	"sync"
@@ -166,8 +167,10 @@ var indexLabels = func() []string {
 }()
 
 // Update implements the root collector's Collector.
+// Without a current GPU and PodResources reading it exports nothing and
+// fails (zonewatch_scrape_collector_success 0).
 func (c *Collector) Update(ch chan<- prometheus.Metric) error {
-	rows, _ := c.Join(nil)
+	rows, ok := c.Join(nil)
 	for i := range rows {
 		r := &rows[i]
 		emit(ch, utilDesc, r.Util, r)
@@ -175,8 +178,13 @@ func (c *Collector) Update(ch chan<- prometheus.Metric) error {
 		emit(ch, smDesc, r.SMActive, r)
 		emit(ch, tensorDesc, r.TensorActive, r)
 	}
+	if !ok {
+		return errNoReading
+	}
 	return nil
 }
+
+var errNoReading = errors.New("no current GPU and PodResources reading: GPU series withheld")
 
 func emit(ch chan<- prometheus.Metric, d *prometheus.Desc, v float64, r *Row) {
 	if math.IsNaN(v) {

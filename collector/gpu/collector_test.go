@@ -116,8 +116,13 @@ func TestCollectorFeedsDown(t *testing.T) {
 		"gpu source down":   NewCollector(fixed[[]Sample]{nil, false}, fixed[*Allocations]{testAllocs(), true}, idx, "gpu-a1"),
 		"podresources down": NewCollector(fixed[[]Sample]{testSamples(), true}, fixed[*Allocations]{nil, false}, idx, "gpu-a1"),
 	} {
-		if n := testutil.CollectAndCount(updater{c}); n != 0 {
+		ch := make(chan prometheus.Metric, 64)
+		err := c.Update(ch)
+		if n := len(ch); n != 0 {
 			t.Errorf("%s: %d series, want none (no stale or unattributed values)", name, n)
+		}
+		if err == nil {
+			t.Errorf("%s: Update succeeded; want an error (zonewatch_scrape_collector_success 0)", name)
 		}
 	}
 }
