@@ -47,10 +47,12 @@ type Report struct {
 	FlowsRead       int   `json:"flows_read"`
 	BadLines        int   `json:"bad_lines"`
 	UnresolvedFlows int   `json:"unresolved_flows"`
+	// LostEvents is what the files' lost_events lines say Hubble lost
+	// while capturing: when it is not 0 every count is a lower bound.
+	LostEvents uint64 `json:"lost_events"`
 
-	lostEvents uint64
-	gpuPage    bool // a GPU page was read
-	gpuPods    int  // GPU series the page attributed to a pod
+	gpuPage bool // a GPU page was read
+	gpuPods int  // GPU series the page attributed to a pod
 }
 
 // Job is one training job with at least one scheduled pod.
@@ -293,7 +295,7 @@ func readFlows(path string, agg *hubble.Aggregator, own map[jobKey]*ownTraffic, 
 	}
 	rep.FlowsRead += st.Flows
 	rep.BadLines += st.Bad
-	rep.lostEvents += st.LostEvents
+	rep.LostEvents += st.LostEvents
 	return nil
 }
 

@@ -116,7 +116,7 @@ func TestJSONShape(t *testing.T) {
 		}
 		last = i
 	}
-	for _, top := range []string{`"jobs"`, `"flows_read"`, `"bad_lines"`, `"unresolved_flows"`} {
+	for _, top := range []string{`"jobs"`, `"flows_read"`, `"bad_lines"`, `"unresolved_flows"`, `"lost_events"`} {
 		if !strings.Contains(stdout, top) {
 			t.Errorf("no %s", top)
 		}

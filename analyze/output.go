@@ -42,8 +42,8 @@ func (r *Report) WriteText(w io.Writer) error {
 	fmt.Fprintf(&b, "%s: %d blocked, %d with cross-zone traffic, %d split, %d healthy. %s read, %s, %d with an address no dump places.\n",
 		plural(len(jobs), "training job"), count[VerdictBlocked], count[VerdictCrossZoneTraffic], count[VerdictSplit], count[VerdictHealthy],
 		plural(r.FlowsRead, "flow"), plural(r.BadLines, "bad line"), r.UnresolvedFlows)
-	if r.lostEvents > 0 {
-		fmt.Fprintf(&b, "Hubble reported %d events lost while capturing: the counts are lower bounds.\n", r.lostEvents)
+	if r.LostEvents > 0 {
+		fmt.Fprintf(&b, "Hubble reported %d events lost while capturing: the counts are lower bounds.\n", r.LostEvents)
 	}
 	if r.gpuPage && r.gpuPods == 0 {
 		b.WriteString("The GPU page attributes no GPU to a pod (dcgm-exporter runs without its Kubernetes mapping): no GPU utilization per job.\n")
