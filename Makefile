@@ -10,7 +10,7 @@ LDFLAGS := -X github.com/prometheus/common/version.Version=$(VERSION) \
 # Generated artifacts: committed, regenerated and diffed by `make test`.
 GENERATED := rules dashboards deploy docs/flags.md
 
-.PHONY: run test test-unit test-integration build lint bench tools generate check-generated e2e fuzz gpu-smoke clean
+.PHONY: run test test-unit test-integration build lint bench tools generate check-generated e2e fuzz gpu-smoke clean image sbom chart release check-release-version release-notes push
 
 ## run: the exporter on the built-in simulated cluster; prints the /metrics URL
 run: build
@@ -42,8 +42,6 @@ test-integration: tools
 	cd internal/ctmappeer && $(GO) vet ./... && $(GO) test -count=1 ./...
 	@# The Hubble client against Cilium's own Observer, parser, filters and field mask (a module of its own).
 	cd internal/hubblepeer && $(GO) vet ./... && $(GO) test -count=1 ./...
-	@# The Hubble client against Cilium's own Observer, parser, filters and field mask (a module of its own).
-	cd internal/hubblepeer && $(GO) vet ./... && $(GO) test -count=1 ./...
 
 ## lint: go vet (also the cgo GPU adapters), gofmt, tidy modules (every go.mod), staticcheck (pinned, staticcheck.conf)
 lint: tools
@@ -52,6 +50,7 @@ lint: tools
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	@for m in $$(git ls-files 'go.mod' '*/go.mod'); do (cd $$(dirname $$m) && $(GO) mod tidy -diff) || { echo "$$m is not tidy: run go mod tidy in $$(dirname $$m)"; exit 1; }; done
 	$(TOOLS_BIN)/staticcheck ./...
+	$(TOOLS_BIN)/actionlint -no-color
 
 ## generate: rule files, dashboards, rendered manifests, the flag tables of docs/flags.md
 generate:
@@ -86,5 +85,49 @@ fuzz:
 gpu-smoke:
 	bash hack/gpu-smoke.sh
 
+# ---- Release (docs/release.md): what a tag publishes, built in dist/ ----
+DIST := dist
+# Image and chart version: the tag without its v (v0.1.0 -> 0.1.0), else git describe.
+RELEASE_VERSION ?= $(patsubst v%,%,$(shell git describe --tags --always 2>/dev/null || echo dev))
+IMAGE_REPO ?= ghcr.io/zonewatch/zonewatch-exporter
+CHART_REPO ?= oci://ghcr.io/zonewatch/charts
+CHART_VERSION = $(shell sed -n 's/^version: *//p' deploy/helm/zonewatch/Chart.yaml)
+# e.g. --plain-http for a local registry
+HELM_PUSH_FLAGS ?=
+
+## image: the exporter's OCI image index (linux/amd64, linux/arm64) of HEAD's committed files, without Docker: dist/image/ (OCI layout, docker-load tarballs, digest)
+image:
+	$(GO) run ./hack/image -out $(DIST)/image -version $(RELEASE_VERSION) -repository $(IMAGE_REPO)
+
+## sbom: CycloneDX SBOM of the image's exporter (the modules linked for linux, their licenses): dist/zonewatch-exporter.cdx.json
+sbom:
+	@bash hack/tools.sh --release >/dev/null
+	@mkdir -p $(DIST)
+	GOOS=linux GOARCH=amd64 CGO_ENABLED=0 $(TOOLS_BIN)/cyclonedx-gomod app -json -licenses -noserial -notimestamp \
+		-main cmd/exporter -output $(DIST)/zonewatch-exporter.cdx.json .
+
+## chart: lint (strict) and package the Helm chart: dist/zonewatch-<version>.tgz
+chart: tools
+	$(TOOLS_BIN)/helm lint --strict deploy/helm/zonewatch
+	$(TOOLS_BIN)/helm package deploy/helm/zonewatch --destination $(DIST)
+
+## release: image, SBOM, chart and dist/SHA256SUMS: everything a tag publishes
+release: image sbom chart
+	bash hack/release.sh checksums $(DIST)
+
+## check-release-version: the version (the tag) is the chart's version and appVersion and has a CHANGELOG entry
+check-release-version:
+	bash hack/release.sh check-version $(RELEASE_VERSION)
+
+## release-notes: this version's CHANGELOG section
+release-notes:
+	@bash hack/release.sh notes $(RELEASE_VERSION)
+
+## push: the image index and the chart to IMAGE_REPO and CHART_REPO (CI on a tag, after make release and the registry logins)
+push:
+	@bash hack/tools.sh --release >/dev/null
+	$(TOOLS_BIN)/crane push $(DIST)/image/oci $(IMAGE_REPO):$(RELEASE_VERSION)
+	$(TOOLS_BIN)/helm push $(HELM_PUSH_FLAGS) $(DIST)/zonewatch-$(CHART_VERSION).tgz $(CHART_REPO)
+
 clean:
-	rm -rf bin
+	rm -rf bin $(DIST)

@@ -4,6 +4,8 @@
 # each binary exists. Sources: the Go module proxy (go install / go build) and
 # Debian's apt; nothing else is downloaded.
 #
+# --release also builds the release tools (SBOM generator, crane).
+#
 # Prints the tools folder on its last line of stdout.
 set -euo pipefail
 
@@ -16,6 +18,14 @@ HELM_VERSION=v3.22.0
 STATICCHECK_VERSION=v0.8.2
 # The CRDs deploy/apiserver_test.go installs come from the same version.
 PROMETHEUS_OPERATOR_VERSION=v0.85.0
+# make lint checks .github/workflows with it.
+ACTIONLINT_VERSION=v1.7.12
+# Release tools, built only with --release (make sbom, make push): the SBOM
+# generator and crane, which pushes the image index.
+CYCLONEDX_GOMOD_VERSION=v1.10.0
+CRANE_VERSION=v0.22.1
+release=0
+if [ "${1:-}" = --release ]; then release=1; fi
 
 root=$(cd "$(dirname "$0")/.." && pwd)
 tools=${ZONEWATCH_TOOLS:-$root/.tools}
@@ -109,6 +119,11 @@ goinstall "alertmanager-$ALERTMANAGER_VERSION" \
   "github.com/prometheus/alertmanager/cmd/amtool@$ALERTMANAGER_VERSION"
 goinstall "helm-$HELM_VERSION" "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
 goinstall "staticcheck-$STATICCHECK_VERSION" "honnef.co/go/tools/cmd/staticcheck@$STATICCHECK_VERSION"
+goinstall "actionlint-$ACTIONLINT_VERSION" "github.com/rhysd/actionlint/cmd/actionlint@$ACTIONLINT_VERSION"
+if [ "$release" = 1 ]; then
+  goinstall "cyclonedx-gomod-$CYCLONEDX_GOMOD_VERSION" "github.com/CycloneDX/cyclonedx-gomod/cmd/cyclonedx-gomod@$CYCLONEDX_GOMOD_VERSION"
+  goinstall "crane-$CRANE_VERSION" "github.com/google/go-containerregistry/cmd/crane@$CRANE_VERSION"
+fi
 
 # Node.js for the dashboard schema check (the machine image usually has it).
 if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
@@ -126,6 +141,11 @@ for b in prometheus promtool; do ln -sf "$tools/prometheus-$PROMETHEUS_VERSION/$
 for b in alertmanager amtool; do ln -sf "$tools/alertmanager-$ALERTMANAGER_VERSION/$b" "$tools/bin/$b"; done
 ln -sf "$tools/helm-$HELM_VERSION/helm" "$tools/bin/helm"
 ln -sf "$tools/staticcheck-$STATICCHECK_VERSION/staticcheck" "$tools/bin/staticcheck"
+ln -sf "$tools/actionlint-$ACTIONLINT_VERSION/actionlint" "$tools/bin/actionlint"
+if [ "$release" = 1 ]; then
+  ln -sf "$tools/cyclonedx-gomod-$CYCLONEDX_GOMOD_VERSION/cyclonedx-gomod" "$tools/bin/cyclonedx-gomod"
+  ln -sf "$tools/crane-$CRANE_VERSION/crane" "$tools/bin/crane"
+fi
 ln -sf "$tools/prometheus-operator-$PROMETHEUS_OPERATOR_VERSION/operator" "$tools/bin/prometheus-operator"
 log "ready in $tools/bin"
 echo "$tools/bin"
