@@ -315,12 +315,14 @@ func onlyExpectedAlerts(t *testing.T, hook *webhook) {
 	t.Helper()
 	type key struct{ alert, a, b string }
 	expected := map[key]bool{
-		{rules.AlertIdleGPUSplitJob, blockedNS, blockedJob}:  true,
-		{rules.AlertCrossZoneSlowdown, slowNS, slowJob}:      true,
-		{rules.AlertCrossZoneCost, costlyNS, costlyJob}:      true,
-		{rules.AlertSplitZonePlacement, costlyNS, costlyJob}: true,
-		{rules.AlertHubbleDisconnected, hubbleFailNode, ""}:  true,
-		{rules.AlertGPUSourceDown, gpuFailNode, ""}:          true,
+		{rules.AlertIdleGPUSplitJob, blockedNS, blockedJob}:   true,
+		{rules.AlertCrossZoneSlowdown, slowNS, slowJob}:       true,
+		{rules.AlertCrossZoneCost, costlyNS, costlyJob}:       true,
+		{rules.AlertSplitZonePlacement, costlyNS, costlyJob}:  true,
+		{rules.AlertPeerPolicyDrops, costlyNS, costlyJob}:     true,
+		{rules.AlertBlockedSplitJob, spinningNS, spinningJob}: true,
+		{rules.AlertHubbleDisconnected, hubbleFailNode, ""}:   true,
+		{rules.AlertGPUSourceDown, gpuFailNode, ""}:           true,
 	}
 	seen := map[string]int{}
 	for _, n := range hook.all() {

@@ -22,6 +22,7 @@ const (
 	rendezvousPort = 29500
 	collectivePort = 29400
 	httpsPort      = 443
+	s3Port         = 9000 // the storage service's S3 API
 )
 
 // worldIP is the internet peer of non-job pods.
@@ -111,6 +112,11 @@ func (h *Hubble) Generate(from time.Time, d time.Duration) int {
 			emit(key+"->coordinator", rate, func(at int64) []*flowpb.Flow {
 				return h.connection(at, w, c, rendezvousPort)
 			})
+			if peer := h.pod(j.Behaviour.DeniedPeer); peer != nil {
+				emit(key+"->"+j.Behaviour.DeniedPeer, rate, func(at int64) []*flowpb.Flow {
+					return h.deniedEgress(at, w, peer, j.Behaviour.PeerBlockedBy)
+				})
+			}
 			emit("coordinator->"+key, rate, func(at int64) []*flowpb.Flow {
 				return h.connection(at, c, w, collectivePort)
 			})
@@ -172,6 +178,34 @@ func (h *Hubble) blocked(at int64, a, b *Pod, policy string) []*flowpb.Flow {
 		h.verdict(at, b.Node, a, b, sport, rendezvousPort, flowpb.Verdict_DROPPED, policy),
 		drop,
 	}
+}
+
+// deniedEgress is a packet a -> b denied by policy on a's node, before it
+// leaves: the egress policy verdict (naming the policy) and the drop.
+func (h *Hubble) deniedEgress(at int64, a, b *Pod, policy string) []*flowpb.Flow {
+	sport := ephemeralPort(a, b)
+	v := h.verdict(at, a.Node, a, b, sport, s3Port, flowpb.Verdict_DROPPED, "")
+	v.TrafficDirection = flowpb.TrafficDirection_EGRESS
+	if ns, name, ok := strings.Cut(policy, "/"); ok {
+		v.EgressDeniedBy = []*flowpb.Policy{{Name: name, Namespace: ns, Kind: "CiliumNetworkPolicy"}}
+	}
+	drop := h.verdict(at, a.Node, a, b, sport, s3Port, flowpb.Verdict_DROPPED, "")
+	drop.EventType = &flowpb.CiliumEventType{Type: 1, SubType: int32(flowpb.DropReason_POLICY_DENIED)}
+	drop.TrafficDirection = flowpb.TrafficDirection_EGRESS
+	return []*flowpb.Flow{v, drop}
+}
+
+// pod finds one of the scenario's pods by "namespace/name"; nil for "".
+func (h *Hubble) pod(ref string) *Pod {
+	if ref == "" {
+		return nil
+	}
+	for i := range h.scenario.Others {
+		if p := &h.scenario.Others[i]; p.Namespace+"/"+p.Name == ref {
+			return p
+		}
+	}
+	return nil
 }
 
 func (h *Hubble) toWorld(at int64, p *Pod) []*flowpb.Flow {

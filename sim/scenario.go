@@ -52,6 +52,10 @@ type Behaviour struct {
 	// BlockedBy names the CiliumNetworkPolicy ("namespace/name") that drops
 	// the job's cross-zone traffic; empty when nothing is dropped.
 	BlockedBy string
+	// DeniedPeer is a pod outside the job ("namespace/name", one of the
+	// scenario's Others) that every worker tries to reach and a policy
+	// denies on the worker's node (egress): PeerBlockedBy names it.
+	DeniedPeer, PeerBlockedBy string
 	// FlowsPerSecond is the rate of flow events per worker<->coordinator pair.
 	FlowsPerSecond float64
 	// BytesPerSecond is the rate each worker sends to the coordinator.
@@ -134,8 +138,14 @@ func (b *builder) pod(ns, name, node string, gpus int) Pod {
 //   - research/bert-slow: JobSet, rank 0 in zone c, workers in zone a;
 //     traffic crosses zones, GPU_UTIL high but SM activity low.
 //   - research/mpi-costly: MPIJob, launcher in zone b, workers in zone c;
-//     heavy cross-zone bytes.
-//   - shop/frontend-*: non-job pods.
+//     heavy cross-zone bytes; its reads from data/minio-0 in zone a are
+//     denied by research/same-zone-egress (drops toward another workload).
+//   - ml-team/t5-spinning: PyTorchJob, master in zone b, workers in zone c;
+//     ml-team/zone-isolation drops worker -> master after NCCL started:
+//     GPU_UTIL reads busy while SM and tensor activity are near zero
+//     (blocked, not idle: a ticket, never a page; where its nodes have no
+//     GPU telemetry, the same ticket).
+//   - shop/frontend-*: non-job pods; data/minio-0: a storage service.
 func Default() *Scenario {
 	s := &Scenario{Region: "us-east-1", Zones: []string{"us-east-1a", "us-east-1b", "us-east-1c"}}
 	b := &builder{s: s, nextIP: map[string]netip.Addr{}, freeGPU: map[string]int{}}
@@ -219,7 +229,8 @@ func Default() *Scenario {
 
 	// MPIJob (mpi-operator v2): the launcher is owned by a batch Job.
 	mpi := Job{Namespace: "research", Name: "mpi-costly", Kind: "MPIJob",
-		Behaviour: Behaviour{FlowsPerSecond: 3, BytesPerSecond: 400e6, GPUUtil: 0.72, SMActive: 0.58, TensorActive: 0.40}}
+		Behaviour: Behaviour{FlowsPerSecond: 3, BytesPerSecond: 400e6, GPUUtil: 0.72, SMActive: 0.58, TensorActive: 0.40,
+			DeniedPeer: "data/minio-0", PeerBlockedBy: "research/same-zone-egress"}}
 	launcher := b.pod("research", "mpi-costly-launcher-x7k2p", "gpu-b2", 0)
 	launcher.Labels = map[string]string{
 		"training.kubeflow.org/job-name":      "mpi-costly",
@@ -241,11 +252,19 @@ func Default() *Scenario {
 	}
 	s.Jobs = append(s.Jobs, mpi)
 
+	// Blocked after rendezvous: NCCL kernels spin on the denied connections.
+	s.Jobs = append(s.Jobs, pytorch("ml-team", "t5-spinning", "gpu-b2", []string{"gpu-c2", "gpu-c2"},
+		Behaviour{BlockedBy: "ml-team/zone-isolation", FlowsPerSecond: 1, GPUUtil: 0.97, SMActive: 0.03, TensorActive: 0}))
+
 	for i, node := range []string{"cpu-a1", "cpu-b1", "cpu-c1"} {
 		p := b.pod("shop", fmt.Sprintf("frontend-%d", i), node, 0)
 		p.Labels = map[string]string{"app": "frontend"}
 		p.OwnerKind, p.OwnerName = "ReplicaSet", "frontend-5d8f7"
 		s.Others = append(s.Others, p)
 	}
+	minio := b.pod("data", "minio-0", "cpu-a1", 0)
+	minio.Labels = map[string]string{"app": "minio"}
+	minio.OwnerKind, minio.OwnerName = "StatefulSet", "minio"
+	s.Others = append(s.Others, minio)
 	return s
 }

@@ -116,7 +116,7 @@ func TestDropsAttributedToJobZonesAndPolicy(t *testing.T) {
 			got[l.GetName()] = l.GetValue()
 		}
 		wantLabels := map[string]string{"namespace": "ml-team", "job_name": "llm-blocked", "direction": "ingress",
-			"src_zone": zoneA, "dst_zone": zoneB, "locality": "cross_zone", "reason": "POLICY_DENIED", "policy": "ml-team/zone-isolation"}
+			"src_zone": zoneA, "dst_zone": zoneB, "locality": "cross_zone", "peer": "job", "reason": "POLICY_DENIED", "policy": "ml-team/zone-isolation"}
 		for k, v := range wantLabels {
 			if got[k] != v {
 				t.Errorf("label %s = %q, want %q", k, got[k], v)
