@@ -241,13 +241,11 @@ func (t *MemTable) Each(fn func(key, value []byte)) error {
 type MemSource struct {
 	mu     sync.Mutex
 	tables map[string]*MemTable
-	// OpenErr, when set for a name, is returned by Open.
-	OpenErr map[string]error
 }
 
 // NewMemSource returns a source with no maps.
 func NewMemSource() *MemSource {
-	return &MemSource{tables: map[string]*MemTable{}, OpenErr: map[string]error{}}
+	return &MemSource{tables: map[string]*MemTable{}}
 }
 
 // Set makes t the map called name (nil removes it).
@@ -279,9 +277,6 @@ func (s *MemSource) List() ([]string, error) { return s.Names(), nil }
 func (s *MemSource) Open(name string) (Table, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if err := s.OpenErr[name]; err != nil {
-		return nil, err
-	}
 	t := s.tables[name]
 	if t == nil {
 		return nil, fmt.Errorf("map %s: %w", name, os.ErrNotExist)

@@ -30,7 +30,6 @@ type Live struct {
 	resync   time.Duration
 	synced   []cache.InformerSynced
 	isSynced atomic.Bool
-	errors   atomic.Int64
 
 	pods []cache.SharedIndexInformer // by feed source
 	meta metadata.Interface
@@ -144,8 +143,7 @@ func (l *Live) Up() bool {
 func (l *Live) node(o any) {
 	n, ok := o.(*corev1.Node)
 	if !ok {
-		l.errors.Add(1)
-		return
+		return // informers only hand out what they list
 	}
 	l.index.UpsertNode(NodeFrom(n))
 }
@@ -153,7 +151,6 @@ func (l *Live) node(o any) {
 func (l *Live) pod(source int, o any) {
 	p, ok := o.(*corev1.Pod)
 	if !ok {
-		l.errors.Add(1)
 		return
 	}
 	l.mu.Lock()
