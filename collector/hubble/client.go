@@ -89,8 +89,8 @@ func Whitelist() []*flowpb.FlowFilter {
 // sends nothing else.
 var FieldMaskPaths = []string{
 	"time", "verdict", "drop_reason", "drop_reason_desc", "IP.source", "IP.destination", "l4",
-	"source.ID", "source.identity", "source.namespace", "source.pod_name", "source.workloads",
-	"destination.ID", "destination.identity", "destination.namespace", "destination.pod_name", "destination.workloads",
+	"source.ID", "source.identity", "source.namespace", "source.pod_name",
+	"destination.ID", "destination.identity", "destination.namespace", "destination.pod_name",
 	"node_name", "event_type", "traffic_direction", "trace_observation_point", "is_reply",
 	"ingress_denied_by", "egress_denied_by",
 }
@@ -123,6 +123,8 @@ type Client struct {
 	early     atomic.Uint64 // flows skipped as older than notBefore
 	// noMask: the server refused the field mask; whole flows from then on.
 	noMask bool
+	// nodeRefusedMask: a Relay node refused the mask; the stream restarts.
+	nodeRefusedMask bool
 }
 
 // errMaskRefused ends a session whose server refused the field mask; the
@@ -175,7 +177,14 @@ func (c *Client) Run(ctx context.Context) {
 			return
 		}
 		if errors.Is(err, errMaskRefused) {
-			continue // at once, without the mask; nothing was received
+			// At once, without the mask. Through Relay other nodes' flows
+			// came first: resume after them.
+			if got {
+				connected = true
+				since = c.resumeFrom(start)
+				c.resumed = true
+			}
+			continue
 		}
 		if got {
 			connected = true
@@ -279,16 +288,29 @@ func (c *Client) session(ctx context.Context, since time.Time, reconnect bool) (
 				// Cilium's fieldmask.New refuses a path its Flow does not
 				// have (an older server than the mask): the whole call
 				// fails, so retrying with the mask would fail for ever.
-				c.noMask = true
-				c.m.FieldMaskRefused.Inc()
-				c.logger.Warn("hubble server refused the field mask; receiving whole flows from now on",
-					"address", c.cfg.Address, "err", err, "paths", c.maskPaths())
+				c.refuseMask(err.Error())
 				return false, errMaskRefused
 			}
 			return true, fmt.Errorf("receiving hubble flows from %s: %w", c.cfg.Address, err)
 		}
 		c.handle(resp)
+		if c.nodeRefusedMask {
+			// Relay turns a node's refusal into a NODE_ERROR status and
+			// goes on with the other nodes: that node would send nothing
+			// for as long as the mask is asked for.
+			c.nodeRefusedMask = false
+			return true, errMaskRefused
+		}
 	}
+}
+
+// refuseMask switches the field mask off for good after a server refused
+// it.
+func (c *Client) refuseMask(reason string) {
+	c.noMask = true
+	c.m.FieldMaskRefused.Inc()
+	c.logger.Warn("hubble server refused the field mask; receiving whole flows from now on",
+		"address", c.cfg.Address, "err", reason, "paths", c.maskPaths())
 }
 
 // maskRefused reports whether err is Hubble's refusal of the field mask
@@ -336,6 +358,13 @@ func (c *Client) handle(resp *observerpb.GetFlowsResponse) {
 			level = slog.LevelWarn // that node's flows are missing until it comes back
 		}
 		c.logger.Log(context.Background(), level, "hubble relay node status", "nodes", ns.GetNodeNames(), "state", ns.GetStateChange().String(), "message", ns.GetMessage())
+		// Relay (pkg/hubble/relay/observer nodeStatusError) reports a
+		// node's failed GetFlows, the refused mask among them, as a
+		// NODE_ERROR with the error's message.
+		if ns.GetStateChange() == relaypb.NodeState_NODE_ERROR && !c.noMask && strings.Contains(ns.GetMessage(), "invalid fieldmask") {
+			c.refuseMask(ns.GetMessage())
+			c.nodeRefusedMask = true
+		}
 	}
 }
 

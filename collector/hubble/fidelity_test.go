@@ -13,14 +13,18 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	flowpb "github.com/cilium/cilium/api/v1/flow"
 	observerpb "github.com/cilium/cilium/api/v1/observer"
+	relaypb "github.com/cilium/cilium/api/v1/relay"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"google.golang.org/grpc"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -152,8 +156,8 @@ func TestWorldSameMaskedAndWhole(t *testing.T) {
 	s := testScenario()
 	x := indexOf(s)
 	for _, peer := range []*flowpb.Endpoint{
-		{Identity: 1<<24 | 5, Labels: []string{"cidr:198.51.100.77/32", "reserved:world-ipv4"}},                              // CIDR
-		{Identity: 1<<24 | 9, Labels: []string{"fqdn:*.s3.amazonaws.com", "reserved:world"}},                                  // FQDN
+		{Identity: 1<<24 | 5, Labels: []string{"cidr:198.51.100.77/32", "reserved:world-ipv4"}},                            // CIDR
+		{Identity: 1<<24 | 9, Labels: []string{"fqdn:*.s3.amazonaws.com", "reserved:world"}},                               // FQDN
 		{Identity: 1<<24 | 11, Labels: []string{"reserved:kube-apiserver", "cidr:203.0.113.10/32", "reserved:world-ipv4"}}, // managed control plane
 		{Identity: 2, Labels: []string{"reserved:world"}},
 	} {
@@ -224,4 +228,77 @@ func ExampleWhitelist() {
 	// Output:
 	// [FORWARDED] [type:4] [false]
 	// [DROPPED] [type:1 type:5] []
+}
+
+// relayRefusingMask answers GetFlows as Relay does when one node refuses
+// the mask (v1.20.2 pkg/hubble/relay/observer/observer.go nodeStatusError:
+// a NODE_ERROR status with the node's error message; the other nodes'
+// flows go on): with a mask, a flow of gpu-a1 then gpu-b1's error, and
+// the stream stays open; without, both nodes' flows.
+type relayRefusingMask struct {
+	observerpb.UnimplementedObserverServer
+	calls atomic.Int32
+}
+
+func (r *relayRefusingMask) GetFlows(req *observerpb.GetFlowsRequest, stream grpc.ServerStreamingServer[observerpb.GetFlowsResponse]) error {
+	r.calls.Add(1)
+	flow := func(node string, sec int) *observerpb.GetFlowsResponse {
+		f := trace(node, bertWorker, bertCoord, flowpb.TraceObservationPoint_TO_OVERLAY, false)
+		if node == "gpu-c1" {
+			f = trace(node, bertCoord, bertWorker, flowpb.TraceObservationPoint_TO_OVERLAY, false)
+		}
+		f.Time = timestamppb.New(t0.Add(time.Duration(sec) * time.Second))
+		return &observerpb.GetFlowsResponse{ResponseTypes: &observerpb.GetFlowsResponse_Flow{Flow: f}, NodeName: f.NodeName, Time: f.Time}
+	}
+	if len(req.GetFieldMask().GetPaths()) > 0 {
+		if err := stream.Send(flow("gpu-a1", 1)); err != nil {
+			return err
+		}
+		if err := stream.Send(&observerpb.GetFlowsResponse{ResponseTypes: &observerpb.GetFlowsResponse_NodeStatus{NodeStatus: &relaypb.NodeStatusEvent{
+			StateChange: relaypb.NodeState_NODE_ERROR, NodeNames: []string{"prod/gpu-c1"}, Message: "invalid fieldmask"}}}); err != nil {
+			return err
+		}
+		<-stream.Context().Done()
+		return nil
+	}
+	for _, resp := range []*observerpb.GetFlowsResponse{flow("gpu-a1", 1), flow("gpu-c1", 2), flow("gpu-a1", 3)} {
+		if err := stream.Send(resp); err != nil {
+			return err
+		}
+	}
+	<-stream.Context().Done()
+	return nil
+}
+
+// Through Relay a node's refusal arrives as a node status, not as the
+// call's error: the client drops the mask, restarts the stream and
+// resumes after what it counted.
+func TestFieldMaskRefusedThroughRelay(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	relay := &relayRefusingMask{}
+	observerpb.RegisterObserverServer(srv, relay)
+	go func() { _ = srv.Serve(lis) }()
+	t.Cleanup(srv.Stop)
+	agg := NewAggregator(indexOf(testScenario()), "", time.Minute, nil)
+	c := NewClient(Config{Address: lis.Addr().String(), Since: t0, BackoffMin: time.Minute, BackoffMax: time.Minute}, agg)
+	runClient(t, c)
+	waitFor(t, "three flows", func() bool { return testutil.ToFloat64(agg.Metrics().Processed) == 3 })
+	time.Sleep(100 * time.Millisecond)
+	if got := testutil.ToFloat64(agg.Metrics().FieldMaskRefused); got != 1 {
+		t.Errorf("field mask refusals = %v, want 1", got)
+	}
+	if relay.calls.Load() != 2 {
+		t.Errorf("%d GetFlows calls, want 2 (masked, then whole)", relay.calls.Load())
+	}
+	// gpu-a1's first flow came on both streams and counted once.
+	if got := agg.Events().Len(); got != 2 {
+		t.Errorf("%d event series, want 2", got)
+	}
+	if c.replayed.Load() != 1 {
+		t.Errorf("%d flows skipped as replayed, want 1", c.replayed.Load())
+	}
 }
