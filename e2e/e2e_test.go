@@ -90,7 +90,7 @@ func TestEndToEnd(t *testing.T) {
 	if testing.Short() {
 		t.Skip("end-to-end: starts etcd, kube-apiserver, Prometheus, Alertmanager and six exporters")
 	}
-	tools := testenv.ToolsBin(t, "etcd", "kube-apiserver", "prometheus", "alertmanager")
+	tools := testenv.ToolsBin(t, "etcd", "kube-apiserver", "prometheus", "alertmanager", "helm", "prometheus-operator")
 	began := time.Now()
 	bin := exporterBinary(t)
 	t.Logf("exporter built in %s", time.Since(began).Round(time.Millisecond))
@@ -130,7 +130,8 @@ func TestEndToEnd(t *testing.T) {
 			t.FailNow()
 		}
 	}
-	p := startPrometheus(t, tools, dir, ruleFile, amAddr, exporters)
+	// The chart's PodMonitor and PrometheusRule through the real Prometheus Operator.
+	p := startOperatorPrometheus(ctx, t, tools, dir, api, cfg, ruleFile, amAddr, exporters)
 	byNode := map[string]exporter{}
 	for _, e := range exporters {
 		byNode[e.node] = e

@@ -165,7 +165,7 @@ type exporter struct {
 // node's fakes, the apiserver, and the dcgm-exporter page.
 func startExporter(t *testing.T, bin, dir, kubeconfig, gpuPageURL string, f *nodeFakes) exporter {
 	t.Helper()
-	addr := "127.0.0.1:" + strconv.Itoa(testenv.FreePort(t))
+	addr := exporterAddr(t, f.name) // its pod's IP (operator_test.go)
 	testenv.Start(t, dir, "exporter-"+f.name, bin,
 		"--node-name="+f.name,
 		"--kubeconfig="+kubeconfig,
@@ -314,7 +314,6 @@ receivers:
 // the rule file, evaluated each second, sending alerts to Alertmanager.
 func startPrometheus(t *testing.T, tools, dir string, rules []byte, amAddr string, exporters []exporter) *prom {
 	t.Helper()
-	addr := "127.0.0.1:" + strconv.Itoa(testenv.FreePort(t))
 	rulesFile := filepath.Join(dir, "zonewatch.rules.yml")
 	if err := os.WriteFile(rulesFile, rules, 0o644); err != nil {
 		t.Fatal(err)
@@ -342,6 +341,13 @@ scrape_configs:
 	if err := os.WriteFile(file, []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	return runPrometheus(t, tools, dir, file)
+}
+
+// runPrometheus runs Prometheus with the config file and waits until it is ready.
+func runPrometheus(t *testing.T, tools, dir, file string) *prom {
+	t.Helper()
+	addr := "127.0.0.1:" + strconv.Itoa(testenv.FreePort(t))
 	testenv.Start(t, dir, "prometheus", filepath.Join(tools, "prometheus"),
 		"--config.file="+file,
 		"--storage.tsdb.path="+filepath.Join(dir, "prometheus-data"),
