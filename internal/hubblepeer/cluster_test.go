@@ -31,12 +31,15 @@ import (
 	observerTypes "github.com/cilium/cilium/pkg/hubble/observer/types"
 	"github.com/cilium/cilium/pkg/hubble/parser"
 	"github.com/cilium/cilium/pkg/hubble/parser/getters"
+	"github.com/cilium/cilium/pkg/hubble/parser/options"
 	"github.com/cilium/cilium/pkg/hubble/testutils"
 	"github.com/cilium/cilium/pkg/identity"
 	"github.com/cilium/cilium/pkg/ipcache"
+	ciliumutils "github.com/cilium/cilium/pkg/k8s/apis/cilium.io/utils"
 	"github.com/cilium/cilium/pkg/labels"
 	"github.com/cilium/cilium/pkg/monitor"
 	monitorAPI "github.com/cilium/cilium/pkg/monitor/api"
+	"github.com/cilium/cilium/pkg/policy"
 	"github.com/cilium/cilium/pkg/proxy/accesslog"
 	"github.com/google/uuid"
 	"github.com/gopacket/gopacket"
@@ -56,6 +59,8 @@ const (
 
 	rendezvousPort = 29500
 	collectivePort = 29400
+
+	denyingPolicyNamespace, denyingPolicyName = "ml-team", "zone-fence"
 )
 
 type pod struct {
@@ -113,7 +118,19 @@ func newParser(t testing.TB, node string) *parser.Parser {
 		byIP[p.ip] = p
 	}
 	info := func(p *pod) getters.EndpointInfo {
-		return &testutils.FakeEndpointInfo{ID: uint64(p.ep), Identity: p.id, PodName: p.name, PodNamespace: p.ns, Labels: p.labels()}
+		ep := &testutils.FakeEndpointInfo{ID: uint64(p.ep), Identity: p.id, PodName: p.name, PodNamespace: p.ns, Labels: p.labels()}
+		if p == llmC {
+			// The coordinator's ingress policy denies the workers'
+			// identity on the rendezvous port; Cilium's policy
+			// correlation names it on the policy-verdict event.
+			ep.PolicyMap = map[policy.Key]labels.LabelArrayListString{
+				policy.IngressKey().WithIdentity(llmW0.id).WithTCPPort(rendezvousPort): labels.LabelArrayList{
+					ciliumutils.GetPolicyLabels(denyingPolicyNamespace, denyingPolicyName, "5c3e8a8e-1d8f-4b6e-9a55-3f0e2b7d2a11", ciliumutils.ResourceTypeCiliumNetworkPolicy),
+				}.ArrayListString(),
+			}
+			ep.PolicyRevision = 7
+		}
+		return ep
 	}
 	eps := &testutils.FakeEndpointGetter{
 		OnGetEndpointInfo: func(ip netip.Addr) (getters.EndpointInfo, bool) {
@@ -160,7 +177,8 @@ func newParser(t testing.TB, node string) *parser.Parser {
 		return &identity.Identity{}, nil
 	}}
 	pp, err := parser.New(slog.New(slog.DiscardHandler), eps, ids, &testutils.NoopDNSGetter, ips,
-		&testutils.NoopServiceGetter, &testutils.NoopLinkGetter, &testutils.NoopPodMetadataGetter)
+		&testutils.NoopServiceGetter, &testutils.NoopLinkGetter, &testutils.NoopPodMetadataGetter,
+		options.WithNetworkPolicyCorrelation(true))
 	if err != nil {
 		t.Fatal(err)
 	}

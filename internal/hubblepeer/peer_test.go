@@ -147,6 +147,14 @@ func TestCiliumPeerCounts(t *testing.T) {
 	}{{"gpu-a1 masked", ca, wantA}, {"gpu-a1 unmasked", ua, wantA}, {"gpu-b1 masked", cb, wantB}, {"gpu-b1 unmasked", ub, wantB}} {
 		check(x.name, x.c.totals(t), x.want)
 	}
+	// Each drop names the policy Cilium correlated on the policy-verdict
+	// event (the first of the pair, which counts).
+	cb.agg.Drops().Each(func(k hubble.DropKey, v float64) {
+		if k.PolicyNamespace != denyingPolicyNamespace || k.PolicyName != denyingPolicyName || k.Reason != hubble.ReasonPolicyDenied ||
+			k.Direction != hubble.DirectionIngress || k.SrcZone != zoneA || k.DstZone != zoneB || k.Job != "llm-train" {
+			t.Errorf("drop series %+v = %v", k, v)
+		}
+	})
 	if pa, pu := ca.totals(t).processed, ua.totals(t).processed; pa != pu {
 		t.Errorf("gpu-a1: the masked stream processed %v flows, the unmasked %v", pa, pu)
 	}
