@@ -26,7 +26,7 @@ type gpuPart struct {
 }
 
 func (p *gpuPart) flags(cmd *kingpin.CmdClause) {
-	p.source = flagOf(cmd, "gpu.source", "GPU source: auto (NVML where built in, else this node's dcgm-exporter found through the API; only on nodes the API says have GPUs; the fake source under --simulate), dcgm, nvml, dcgm-exporter, none.").Default(gpu.SourceAuto).Enum(gpu.Sources...)
+	p.source = flagOf(cmd, "gpu.source", "GPU source: auto (NVML where built in, else this node's dcgm-exporter found through the API; only on nodes the API says have GPUs; the fake source under --simulate), nvml, dcgm-exporter (DCGM is read through its page), none.").Default(gpu.SourceAuto).Enum(gpu.Sources...)
 	p.interval = flagOf(cmd, "gpu.interval", "How often the GPU source and PodResources are read.").Default("10s").Duration()
 	p.url = flagOf(cmd, "gpu.dcgm-exporter-url", "URL of a dcgm-exporter /metrics page to read instead of this node's dcgm-exporter pod found through the API (e.g. http://$(HOST_IP):9400/metrics with hostNetwork).").Default("").String()
 	p.selectors = flagOf(cmd, "gpu.dcgm-exporter-selector", "Label selector of dcgm-exporter pods, searched on this node in every namespace; any one matches. Repeatable; replaces the defaults.").Default(gpu.DefaultDCGMExporterSelectors...).Strings()

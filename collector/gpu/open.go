@@ -15,19 +15,14 @@ import (
 // Source names for --gpu.source.
 const (
 	SourceAuto         = "auto"
-	SourceDCGM         = "dcgm"
 	SourceNVML         = "nvml"
 	SourceDCGMExporter = "dcgm-exporter"
 	SourceNone         = "none"
 )
 
-// Sources lists the --gpu.source values.
-var Sources = []string{SourceAuto, SourceDCGM, SourceNVML, SourceDCGMExporter, SourceNone}
-
-// ErrDCGMNotBuilt: this build has no DCGM binding (github.com/NVIDIA/go-dcgm
-// was not available to build it); NVML or a dcgm-exporter page are read
-// instead.
-var ErrDCGMNotBuilt = errors.New("dcgm: not built into this binary; use --gpu.source=nvml or dcgm-exporter")
+// Sources lists the --gpu.source values. DCGM is read through
+// dcgm-exporter's page: no build links the DCGM library (go-dcgm).
+var Sources = []string{SourceAuto, SourceNVML, SourceDCGMExporter, SourceNone}
 
 // Options configure the sources.
 type Options struct {
@@ -42,8 +37,6 @@ type Options struct {
 // feed shows it down instead of the exporter exiting.
 func Open(name string, o Options) (Source, error) {
 	switch name {
-	case SourceDCGM:
-		return nil, ErrDCGMNotBuilt
 	case SourceNVML:
 		if !NVMLBuiltIn {
 			return nil, fmt.Errorf("--gpu.source=nvml: %w", errNVMLNotBuilt)
@@ -84,8 +77,8 @@ func AutoSource(ctx context.Context, d *Discovery, o Options) (Source, string) {
 	return NewDiscoveredDCGMExporter(d, o), SourceDCGMExporter + " pod"
 }
 
-// Probe is --gpu.source=auto without a node to look up: it tries DCGM,
-// then NVML, then the dcgm-exporter page at o.DCGMExporterURL, and returns
+// Probe is --gpu.source=auto without a node to look up: it tries NVML,
+// then the dcgm-exporter page at o.DCGMExporterURL, and returns
 // the first that reads. err joins every attempt's error when none does (a
 // node without GPUs).
 func Probe(ctx context.Context, o Options) (Source, string, error) {
@@ -93,7 +86,7 @@ func Probe(ctx context.Context, o Options) (Source, string, error) {
 	// drops packets must not hang it.
 	ctx, cancel := context.WithTimeout(ctx, probeTimeout)
 	defer cancel()
-	errs := []error{ErrDCGMNotBuilt}
+	var errs []error
 	if NVMLBuiltIn {
 		s, err := openNVML(o.Logger)
 		if err == nil {
