@@ -89,8 +89,8 @@ func Whitelist() []*flowpb.FlowFilter {
 // sends nothing else.
 var FieldMaskPaths = []string{
 	"time", "verdict", "drop_reason", "drop_reason_desc", "IP.source", "IP.destination", "l4",
-	"source.ID", "source.identity", "source.namespace", "source.pod_name",
-	"destination.ID", "destination.identity", "destination.namespace", "destination.pod_name",
+	"source.ID", "source.identity", "source.namespace", "source.pod_name", "source.workloads",
+	"destination.ID", "destination.identity", "destination.namespace", "destination.pod_name", "destination.workloads",
 	"node_name", "event_type", "traffic_direction", "trace_observation_point", "is_reply",
 	"ingress_denied_by", "egress_denied_by",
 }

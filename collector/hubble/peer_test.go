@@ -9,6 +9,7 @@ import (
 	flowpb "github.com/cilium/cilium/api/v1/flow"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/zonewatch/zonewatch/sim"
 	"github.com/zonewatch/zonewatch/topology"
 )
 
@@ -151,5 +152,22 @@ func TestPeerDropsDoNotAllocate(t *testing.T) {
 		}
 	}); n != 0 {
 		t.Errorf("Observe allocates %v times per run once the series exist", n)
+	}
+}
+
+// TestFieldMaskKeepsPeerWorkload: the live client's field mask, applied by
+// Cilium's own fieldmask package (sim.MaskFlow), keeps what names the peer
+// workload; without source/destination.workloads a masked drop would count
+// unnamed.
+func TestFieldMaskKeepsPeerWorkload(t *testing.T) {
+	f := policyDrop("gpu-a2", llmWorker, podEP{"data", "minio-0", "10.244.7.9", "gpu-c1"})
+	f.Destination.Workloads = []*flowpb.Workload{{Name: "minio", Kind: "StatefulSet"}}
+	masked, err := sim.MaskFlow(f, FieldMaskPaths)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := NewClassifier(indexOf(testScenario()), "").Classify(masked)
+	if r.Peer != PeerCluster || r.PeerNamespace != "data" || r.PeerWorkload != "minio" {
+		t.Errorf("masked drop: peer %s %q/%q, want cluster data/minio (FieldMaskPaths: %v)", r.Peer, r.PeerNamespace, r.PeerWorkload, FieldMaskPaths)
 	}
 }
