@@ -109,7 +109,11 @@ func startOwners(ctx context.Context, meta metadata.Interface, disc discovery.Di
 	var factories []metadatainformer.SharedInformerFactory
 	for _, res := range OwnerResources {
 		if err := served(ctx, meta, disc, res); err != nil {
-			logger.Info("not resolving owners of this kind", "resource", res.GVR.String(), "reason", err)
+			level := slog.LevelInfo // a CRD not installed: nothing to resolve
+			if errors.Is(err, errForbidden) {
+				level = slog.LevelWarn
+			}
+			logger.Log(ctx, level, "not resolving owners of this kind", "resource", res.GVR.String(), "reason", err)
 			continue
 		}
 		sel := res.Selector
@@ -177,7 +181,9 @@ func served(ctx context.Context, meta metadata.Interface, disc discovery.Discove
 	}
 	_, err = meta.Resource(res.GVR).List(ctx, metav1.ListOptions{Limit: 1, LabelSelector: res.Selector})
 	if apierrors.IsForbidden(err) {
-		return errors.New("forbidden (RBAC: the exporter's ClusterRole lacks list/watch)")
+		return errForbidden
 	}
 	return err
 }
+
+var errForbidden = errors.New("forbidden (RBAC: the exporter's ClusterRole lacks list/watch)")

@@ -1,12 +1,23 @@
 package kube
 
 import (
+	"bytes"
+	"context"
+	"errors"
 	"fmt"
+	"log/slog"
 	"runtime"
+	"strings"
 	"testing"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	kruntime "k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
+	discoveryfake "k8s.io/client-go/discovery/fake"
+	metadatafake "k8s.io/client-go/metadata/fake"
+	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/zonewatch/zonewatch/topology"
@@ -78,4 +89,43 @@ func TestOwnerHeapAtScale(t *testing.T) {
 	}
 	t.Logf("owner caches (stripped): %.2f MiB for %d JobSets + %d Jobs", float64(heapNow()-base)/(1<<20), jobs, jobs)
 	runtime.KeepAlive(st)
+}
+
+// TestStartOwnersSkips: through discovery, a kind whose CRD is absent is
+// skipped, and so is one the exporter may not list (RBAC), each with one
+// log line; the rest is watched and resolves.
+func TestStartOwnersSkips(t *testing.T) {
+	scheme := metadatafake.NewTestScheme()
+	metav1.AddMetaToScheme(scheme)
+	yes := true
+	job := partial("batch/v1", "Job", "ml", "llm-node-0", &metav1.OwnerReference{APIVersion: "jobset.x-k8s.io/v1alpha2", Kind: "JobSet", Name: "llm", Controller: &yes})
+	meta := metadatafake.NewSimpleMetadataClient(scheme, job)
+	meta.PrependReactor("list", "rayclusters", func(k8stesting.Action) (bool, kruntime.Object, error) {
+		return true, nil, apierrors.NewForbidden(schema.GroupResource{Group: "ray.io", Resource: "rayclusters"}, "", errors.New("RBAC"))
+	})
+	disc := &discoveryfake.FakeDiscovery{Fake: &k8stesting.Fake{}}
+	disc.Resources = []*metav1.APIResourceList{
+		{GroupVersion: "batch/v1", APIResources: []metav1.APIResource{{Name: "jobs", Kind: "Job", Namespaced: true}}},
+		{GroupVersion: "ray.io/v1", APIResources: []metav1.APIResource{{Name: "rayclusters", Kind: "RayCluster", Namespaced: true}}},
+	}
+	var log bytes.Buffer
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	store, synced := startOwners(ctx, meta, disc, 0, slog.New(slog.NewTextHandler(&log, nil)), func(string) {})
+	if !cache.WaitForCacheSync(ctx.Done(), synced...) {
+		t.Fatal("not synced")
+	}
+	if len(store.stores) != 1 {
+		t.Fatalf("watching %d kinds, want batch Jobs only:\n%s", len(store.stores), log.String())
+	}
+	for _, want := range []string{`level=INFO msg="not resolving owners of this kind" resource="jobset.x-k8s.io/v1alpha2, Resource=jobsets" reason="not served (CRD not installed)"`,
+		`level=WARN msg="not resolving owners of this kind" resource="ray.io/v1, Resource=rayclusters" reason="forbidden (RBAC`} {
+		if strings.Count(log.String(), want) != 1 {
+			t.Errorf("log lacks %q once:\n%s", want, log.String())
+		}
+	}
+	got, ok := store.ControllerOf("ml", topology.OwnerRef{APIVersion: "batch/v1", Kind: "Job", Name: "llm-node-0"})
+	if !ok || got.Kind != "JobSet" || got.Name != "llm" {
+		t.Fatalf("ControllerOf = %+v, %v", got, ok)
+	}
 }
