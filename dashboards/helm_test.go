@@ -14,6 +14,9 @@ import (
 // checks the ConfigMaps: sidecar label and folder, the dashboard JSON, and
 // the price constants taken from the rules values.
 func TestHelmTemplate(t *testing.T) {
+	if testing.Short() {
+		t.Skip("helm: skipped in -short (make test-unit); make test-integration runs it")
+	}
 	required := os.Getenv("CI") != "" || os.Getenv("ZONEWATCH_REQUIRE_TOOLS") != ""
 	helm := findHelm()
 	if helm == "" {

@@ -31,6 +31,9 @@ func repoRoot(t *testing.T) string {
 // ZONEWATCH_REQUIRE_TOOLS is set.
 func tool(t *testing.T, name string) string {
 	t.Helper()
+	if testing.Short() {
+		t.Skip(name + ": skipped in -short (make test-unit); make test-integration runs it")
+	}
 	dir := os.Getenv("ZONEWATCH_TOOLS_BIN")
 	if dir == "" {
 		dir = filepath.Join(repoRoot(t), ".tools", "bin")
