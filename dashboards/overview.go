@@ -154,7 +154,7 @@ func overview(o Options) (dashboard.Dashboard, error) {
 		WithPanel(g.timeseries("Hubble lost events",
 			"Flow events Hubble dropped before zonewatch read them, by where they were lost. Any loss undercounts drops and flows: raise the Hubble buffer or lower monitor aggregation.",
 			units.EventsPerSecond,
-			rangeQ("sum by (source) (rate("+g.self("zonewatch_hubble_lost_events_total")+"[$__rate_interval]))", "{{source}}")).
+			rangeQ("sum by (buffer) (rate("+g.self("zonewatch_hubble_lost_events_total")+"[$__rate_interval]))", "{{buffer}}")).
 			Span(8)).
 		WithPanel(g.timeseries("Hubble flows processed and unresolved",
 			"Flows zonewatch classified, and flows whose source or destination it could not map to a pod and zone. Many unresolved flows: the topology index lags (check the kubernetes source).",

@@ -98,7 +98,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	reconnects := prometheus.NewCounter(prometheus.CounterOpts{Name: "zonewatch_hubble_reconnects_total",
 		Help: "Times the Hubble flow stream was re-established after it broke."})
 	lost := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "zonewatch_hubble_lost_events_total",
-		Help: "Flow events Hubble reported lost (lost_events), by where they were lost."}, []string{"source"})
+		Help: "Flow events Hubble reported lost (lost_events), by the buffer they were lost in."}, []string{"buffer"})
 	unresolved := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "zonewatch_flows_unresolved_total",
 		Help: "Counted flows with a side whose cluster address the topology index could not place (side=source|destination); internet peers are not unresolved."}, []string{"side"})
 	maskRefused := prometheus.NewCounter(prometheus.CounterOpts{Name: "zonewatch_hubble_field_mask_refused_total",
