@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -99,6 +100,26 @@ func TestGPUOperatorDefaults(t *testing.T) {
 		return ok, fmt.Sprintf("%d notifications", len(hook.all()))
 	}) {
 		t.FailNow()
+	}
+	// Logged once, at warn, saying what to change; nothing on the CPU node.
+	logOf := func(node string) string {
+		b, err := os.ReadFile(filepath.Join(dir, "exporter-"+node+".log"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(b)
+	}
+	var warns []string
+	for _, line := range strings.Split(logOf(gpuNode), "\n") {
+		if strings.Contains(line, "level=WARN") && strings.Contains(line, "feed=gpu") {
+			warns = append(warns, line)
+		}
+	}
+	if len(warns) != 1 || !strings.Contains(warns[0], "no Running dcgm-exporter pod on node "+gpuNode) || !strings.Contains(warns[0], "--gpu.dcgm-exporter-url") {
+		t.Errorf("GPU node's gpu warnings: %q; want one saying what to change", warns)
+	}
+	if l := logOf(cpuNode); strings.Contains(l, "feed=gpu") || strings.Contains(l, "GPU node") {
+		t.Errorf("the CPU node's exporter logs about GPUs:\n%s", l)
 	}
 	fams, err := scrapeExporter(cpuExp.addr)
 	if err != nil {
