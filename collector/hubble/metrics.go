@@ -94,7 +94,7 @@ type Metrics struct {
 // registered already (zonewatch_flows_unresolved_total) is shared.
 func NewMetrics(reg prometheus.Registerer) *Metrics {
 	processed := prometheus.NewCounter(prometheus.CounterOpts{Name: "zonewatch_hubble_flows_processed_total",
-		Help: "Hubble flows received and classified (every flow, counted or not)."})
+		Help: "Flows received from Hubble and classified, counted or not: the flows the server-side filter passes (trace, drop and policy-verdict events), not every event Hubble saw (lost events are of every kind)."})
 	reconnects := prometheus.NewCounter(prometheus.CounterOpts{Name: "zonewatch_hubble_reconnects_total",
 		Help: "Times the Hubble flow stream was re-established after it broke."})
 	lost := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "zonewatch_hubble_lost_events_total",
