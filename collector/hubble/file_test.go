@@ -10,6 +10,7 @@ import (
 
 	flowpb "github.com/cilium/cilium/api/v1/flow"
 
+	"github.com/zonewatch/zonewatch/internal/testenv"
 	"github.com/zonewatch/zonewatch/topology"
 )
 
@@ -17,9 +18,10 @@ import (
 const realdata = "../../../shared/realdata/hubble"
 
 func TestRealHubbleFilesParse(t *testing.T) {
-	files, _ := filepath.Glob(filepath.Join(realdata, "*"))
+	dir := testenv.RealData(t, "hubble")
+	files, _ := filepath.Glob(filepath.Join(dir, "*"))
 	if len(files) == 0 {
-		t.Skip("no real Hubble data at " + realdata)
+		t.Fatalf("no Hubble capture in %s", dir)
 	}
 	for _, path := range files {
 		t.Run(filepath.Base(path), func(t *testing.T) {
@@ -43,10 +45,10 @@ func TestRealHubbleFilesParse(t *testing.T) {
 // The PR 40519 flow (Cilium ~1.18): a policy drop at egress, pod -> world,
 // joined with an index that knows the pod as a job pod.
 func TestRealPolicyDropJoined(t *testing.T) {
-	path := filepath.Join(realdata, "cilium-pr-40519-dropped-policy-denied-kind.jsonl")
+	path := filepath.Join(testenv.RealData(t, "hubble"), "cilium-pr-40519-dropped-policy-denied-kind.jsonl")
 	f, err := os.Open(path)
 	if err != nil {
-		t.Skip("no real Hubble data at " + realdata)
+		t.Fatal(err)
 	}
 	defer f.Close()
 	x := topology.NewIndex()
