@@ -12,7 +12,9 @@ type Metrics struct {
 	Skipped *prometheus.CounterVec
 }
 
-// NewMetrics registers the counters with reg.
+// NewMetrics creates the counters and registers them with reg (nil:
+// unregistered, for tests), as every source package does with the self
+// registry the exporter hands it.
 func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
 		ReadErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -29,6 +31,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		m.Skipped.WithLabelValues(s)
 	}
 	m.Skipped.WithLabelValues("dra")
-	reg.MustRegister(m.ReadErrors, m.Skipped)
+	if reg != nil {
+		reg.MustRegister(m.ReadErrors, m.Skipped)
+	}
 	return m
 }
