@@ -143,12 +143,14 @@ func TestGPUOperatorDefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	createDCGMExporterPod(ctx, t, client, "nvidia-dcgm-exporter-x2k9q", gpuNode, port, "127.0.0.200")
+	appeared := time.Now()
 	if !eventually(t, time.Minute, "GPU series with job labels from the discovered dcgm-exporter", func() (bool, string) {
 		v, err := p.vector(`zonewatch_gpu_graphics_engine_active_ratio{node="` + gpuNode + `",job_name!=""} and on() (zonewatch_source_up{source="gpu",instance="` + gpuExp.addr + `"} == 1)`)
 		return err == nil && len(v) > 0, fmt.Sprint(len(v), err)
 	}) {
 		t.FailNow()
 	}
+	t.Logf("GPU series in Prometheus %.1fs after the dcgm-exporter pod appeared (--gpu.interval=2s, 1s scrape)", time.Since(appeared).Seconds())
 	eventually(t, time.Minute, rules.AlertGPUSourceDown+" resolved", func() (bool, string) {
 		_, _, ok := hook.find("", alertIs(rules.AlertGPUSourceDown, "resolved", "node", gpuNode, "source", "gpu"))
 		return ok, fmt.Sprintf("%d notifications", len(hook.all()))
@@ -163,6 +165,7 @@ func TestGPUOperatorDefaults(t *testing.T) {
 	newAddr := net.JoinHostPort("127.0.0.201", portStr)
 	servePage(t, newAddr, s, gpuNode)
 	createDCGMExporterPod(ctx, t, client, "nvidia-dcgm-exporter-7fmw4", gpuNode, port, "127.0.0.201")
+	replaced := time.Now()
 	readErrs := func() (up, errs float64, n int, err error) {
 		fams, err := scrapeExporter(gpuExp.addr)
 		if err != nil {
@@ -185,6 +188,7 @@ func TestGPUOperatorDefaults(t *testing.T) {
 		// No failed read across two reads: the new address answers.
 		return up1 == 1 && up2 == 1 && errs1 == errs2 && n > 0, fmt.Sprintf("source_up %v then %v, read errors %v then %v, %d GPU series", up1, up2, errs1, errs2, n)
 	})
+	t.Logf("following the replaced pod confirmed %.1fs after it appeared (includes a 5s stability window)", time.Since(replaced).Seconds())
 
 	for _, n := range hook.all() {
 		for _, a := range n.Alerts {
