@@ -92,12 +92,6 @@ func StripOwner(obj any) (any, error) {
 	return out, nil
 }
 
-// ownerWatch is one owner resource found on the server.
-type ownerWatch struct {
-	res      OwnerResource
-	informer cache.SharedIndexInformer
-}
-
 // startOwners finds which owner resources the server serves and the
 // exporter may list, and prepares a metadata-only informer for each. A
 // resource that is absent (its CRD not installed) or forbidden is skipped
