@@ -74,3 +74,16 @@ func TestLinks(t *testing.T) {
 		}
 	}
 }
+
+// TestReadmeIsShort keeps README.md the newcomer's page (what it is, the two
+// commands, install, the alerts, where to read more): detail goes to docs/.
+func TestReadmeIsShort(t *testing.T) {
+	const limit = 16 << 10
+	b, err := os.ReadFile(filepath.Join("..", "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(b) > limit {
+		t.Errorf("README.md is %d bytes, over %d: move detail into docs/ and link it", len(b), limit)
+	}
+}
