@@ -113,6 +113,38 @@ func TestFrozenCountersMeanAccountingOff(t *testing.T) {
 			t.Fatal("still down although counters grow")
 		}
 	})
+	t.Run("long-lived connections only", func(t *testing.T) {
+		// No connection opens; the old ones keep passing packets: their
+		// lifetime moves forward on every packet, their counters do not.
+		src := conntrack.NewMemSource()
+		p, _, _ := logPoller(t, src, conntrack.Config{Layout: conntrack.LayoutCombined})
+		at := func(life uint32, bytes uint64) *conntrack.MemTable {
+			e := established(40000, 1+bytes/1000, bytes)
+			e.v.Lifetime = life
+			f := established(40001, 1+bytes/1000, bytes)
+			f.v.Lifetime = life
+			return table(e, f)
+		}
+		src.Set(conntrack.MapTCP4, at(1000, 50000))
+		p.Poll(t0)
+		// Counting: lifetime and bytes move together. One read may fall
+		// between the datapath's lifetime write and its counter adds.
+		src.Set(conntrack.MapTCP4, at(1010, 50000))
+		p.Poll(t0.Add(10 * time.Second))
+		src.Set(conntrack.MapTCP4, at(1020, 90000))
+		p.Poll(t0.Add(20 * time.Second))
+		if !p.Up() {
+			t.Fatal("down while counters grow")
+		}
+		// Accounting off: the lifetime moves, the counters stay.
+		for i, life := range []uint32{1030, 1040} {
+			src.Set(conntrack.MapTCP4, at(life, 90000))
+			p.Poll(t0.Add(time.Duration(30+10*i) * time.Second))
+		}
+		if p.Up() {
+			t.Fatal("up while established connections pass packets without counting them")
+		}
+	})
 	t.Run("split", func(t *testing.T) {
 		// 1.14/1.15 with ConntrackAccounting disabled at run time: creation
 		// still counts the first packet (tx on egress), lookups add nothing.

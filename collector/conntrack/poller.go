@@ -200,6 +200,7 @@ type pollStats struct {
 	// young entry counted its first packet) or off (a young entry without
 	// the counts its creation would have set).
 	on, off   int
+	touched   int // entries whose lifetime moved while their counter did not (combined)
 	resets    int
 	deleted   int
 	undecided bool // a map with entries has no layout yet
@@ -230,9 +231,12 @@ type Poller struct {
 	layout     Layout
 	ready      bool // the index was filled when this poll began
 	accountOff bool
-	localSeen  bool   // per-endpoint maps reported
-	reason     string // why down, "" when up or before the first poll
-	polled     bool
+	// touchedPolls counts the polls in a row with touched entries and no
+	// growth.
+	touchedPolls int
+	localSeen    bool   // per-endpoint maps reported
+	reason       string // why down, "" when up or before the first poll
+	polled       bool
 
 	m selfMetrics
 }
@@ -444,10 +448,19 @@ func (p *Poller) Poll(now time.Time) {
 	// young entry with counts, says on; young entries without the counts
 	// their creation sets, or nothing but zero counters, say off. Frozen
 	// counters (accounting turned off keeps the last values) say nothing.
+	// Entries that passed packets without counting them say off too (a
+	// node with long-lived connections only), in two polls running: the
+	// datapath writes the lifetime before it adds to the counters, so one
+	// read can fall in between.
+	if st.on == 0 && st.touched > 0 {
+		p.touchedPolls++
+	} else {
+		p.touchedPolls = 0
+	}
 	switch {
 	case st.on > 0:
 		p.accountOff = false
-	case st.off > 0, st.entries > 0 && st.counting == 0:
+	case st.off > 0, st.entries > 0 && st.counting == 0, p.touchedPolls >= 2:
 		p.accountOff = true
 	}
 	// Deltas are counted unless accounting is off or a layout unknown; a
@@ -574,7 +587,7 @@ func (p *Poller) read(name string, t Table, now time.Time, st *pollStats) error 
 		if voteAll {
 			ts.window[ev]++
 		}
-		delta, o, young := ts.observe(key, v.Bytes, epoch, hold)
+		delta, o, young := ts.observe(key, v.Bytes, v.Lifetime, epoch, hold)
 		switch o {
 		case obsReset:
 			st.resets++
@@ -583,6 +596,13 @@ func (p *Poller) read(name string, t Table, now time.Time, st *pollStats) error 
 			ts.young[ev]++
 		case obsGrown:
 			st.on++
+		case obsTouched:
+			// Combined: every looked-up packet moves the lifetime and,
+			// with accounting, the one counter (__ct_lookup). Split
+			// counts rx apart, which is not kept here.
+			if layout == LayoutCombined {
+				st.touched++
+			}
 		}
 		if young && o != obsGrown {
 			// Counts set at creation say on once, at first sight: they

@@ -12,18 +12,35 @@ const (
 	obsBaseline obs = iota // first read of the map: counted from here on
 	obsSame                // seen before, counter unchanged
 	obsGrown               // seen before, counter grew
+	obsTouched             // seen before, counter unchanged, but its lifetime moved: packets passed uncounted
 	obsFresh               // new since the last read: all its bytes are new
 	obsReset               // counter went down: entry recreated, all its bytes are new
 )
 
 type slot struct {
 	bytes uint64
-	epoch uint32
-	// young: first seen after the map's first read, so created while the
-	// exporter watched; what its counters hold tells whether accounting
-	// was on when Cilium created it.
-	young bool
+	// life is the entry's lifetime (ct_entry.lifetime), which the datapath
+	// moves forward on every packet it looks up, counted or not.
+	life uint32
+	// tag is the epoch of the last read that saw the entry, shifted left
+	// by one, with the low bit set when the entry is young: first seen
+	// after the map's first read, so created while the exporter watched;
+	// what its counters hold tells whether accounting was on when Cilium
+	// created it. (Packed so that a slot stays 16 bytes.)
+	tag uint32
 }
+
+func mkSlot(bytes uint64, life, epoch uint32, young bool) slot {
+	t := epoch << 1
+	if young {
+		t |= 1
+	}
+	return slot{bytes: bytes, life: life, tag: t}
+}
+
+func (s slot) young() bool        { return s.tag&1 != 0 }
+func (s slot) epoch() uint32      { return s.tag >> 1 }
+func (s slot) isAt(e uint32) bool { return s.epoch() == e&(1<<31-1) }
 
 // tableState is what the poller keeps of one map between polls: the last
 // byte counter of every entry, to turn counters into deltas, and the
@@ -64,45 +81,50 @@ func newTableState() *tableState {
 // instead: known entries keep their baseline (reset to 0 if the counter
 // went down) and new ones are not recorded, so they count in full once
 // counting starts.
-func (b *tableState) observe(key []byte, bytes uint64, epoch uint32, hold bool) (uint64, obs, bool) {
+func (b *tableState) observe(key []byte, bytes uint64, life, epoch uint32, hold bool) (uint64, obs, bool) {
 	k := maphash.Bytes(b.seed, key)
 	old, ok := b.m[k]
+	same := obsSame
+	if ok && life > old.life {
+		same = obsTouched
+	}
 	if hold && b.seeded {
 		if !ok {
 			return 0, obsFresh, true
 		}
-		o := obsSame
+		o := same
 		switch {
 		case bytes < old.bytes:
 			old.bytes, o = 0, obsReset
 		case bytes > old.bytes:
 			o = obsGrown
 		}
-		b.m[k] = slot{bytes: old.bytes, epoch: epoch, young: old.young || o == obsReset}
-		return 0, o, old.young || o == obsReset
+		young := old.young() || o == obsReset
+		b.m[k] = mkSlot(old.bytes, life, epoch, young)
+		return 0, o, young
 	}
 	switch {
 	case !ok && !b.seeded:
-		b.m[k] = slot{bytes: bytes, epoch: epoch}
+		b.m[k] = mkSlot(bytes, life, epoch, false)
 		return 0, obsBaseline, false
 	case !ok:
-		b.m[k] = slot{bytes: bytes, epoch: epoch, young: true}
+		b.m[k] = mkSlot(bytes, life, epoch, true)
 		return bytes, obsFresh, true
 	case bytes < old.bytes:
-		b.m[k] = slot{bytes: bytes, epoch: epoch, young: true}
+		b.m[k] = mkSlot(bytes, life, epoch, true)
 		return bytes, obsReset, true
 	case bytes == old.bytes:
-		b.m[k] = slot{bytes: bytes, epoch: epoch, young: old.young}
-		return 0, obsSame, old.young
+		b.m[k] = mkSlot(bytes, life, epoch, old.young())
+		return 0, same, old.young()
 	}
-	b.m[k] = slot{bytes: bytes, epoch: epoch, young: old.young}
-	return bytes - old.bytes, obsGrown, old.young
+	b.m[k] = mkSlot(bytes, life, epoch, old.young())
+	return bytes - old.bytes, obsGrown, old.young()
 }
 
 // complete ends a full read: entries not seen in it are gone.
 func (b *tableState) complete(epoch uint32, now time.Time) (deleted int) {
 	for k, s := range b.m {
-		if s.epoch != epoch {
+		if !s.isAt(epoch) {
 			delete(b.m, k)
 			deleted++
 		}
