@@ -344,3 +344,40 @@ func TestPollerOnCiliumEntries(t *testing.T) {
 		t.Errorf("layout %v, want combined (Cilium v1.20)", layouts)
 	}
 }
+
+// TestAccountingOffOnCiliumEntries: a v1.20 node where accounting was
+// turned off. The old entries keep their counters (frozen) while their
+// lifetime moves (__ct_lookup refreshes it on every packet); a connection
+// opened since has packets=0 (ct_create4 sets the counters only with
+// enable_conntrack_accounting), next to its related ICMP entry.
+func TestAccountingOffOnCiliumEntries(t *testing.T) {
+	dir := bpfDir(t)
+	tcp4 := ciliumMap(t, dir, ctmap.MapNameTCP4Global, ctmap.MapConfig{TCP: true})
+	any4 := ciliumMap(t, dir, ctmap.MapNameAny4Global, ctmap.MapConfig{})
+	p, err := conntrack.New(conntrack.BPFSource{Dir: dir}, index(), conntrack.Config{Node: "n1", Layout: conntrack.LayoutCombined})
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := func(life uint32) {
+		for i := uint16(0); i < 3; i++ {
+			update(t, tcp4, key4(worker0, master, 40000+i, 29500, u8proto.TCP, tuple.TUPLE_F_OUT),
+				&ctmap.CtEntry{Packets: 900, Bytes: 1 << 20, Lifetime: life, TxFlagsSeen: tcpFlags, RxFlagsSeen: tcpFlags})
+		}
+	}
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	old(1000)
+	p.Poll(t0)
+	if !p.Up() {
+		t.Fatal("down on the first read of counting entries")
+	}
+	old(1010)
+	p.Poll(t0.Add(10 * time.Second))
+	update(t, tcp4, key4(worker0, master, 41000, 29500, u8proto.TCP, tuple.TUPLE_F_OUT),
+		&ctmap.CtEntry{Lifetime: 1020, TxFlagsSeen: tcpFlags, RxFlagsSeen: tcpFlags})
+	update(t, any4, key4(worker0, master, 0, 0, u8proto.ICMP, tuple.TUPLE_F_OUT|tuple.TUPLE_F_RELATED), &ctmap.CtEntry{Lifetime: 1020})
+	old(1020)
+	p.Poll(t0.Add(20 * time.Second))
+	if p.Up() {
+		t.Fatal("up although accounting is off (frozen counters, a new connection counting nothing)")
+	}
+}
