@@ -337,6 +337,36 @@ func TestOwnerChainAgainstKubeAPIServer(t *testing.T) {
 		}
 		return false
 	})
+	// Owners created after their pods were identified: the Job's arrival
+	// re-identifies the pods it controls, the JobSet's those of its Jobs.
+	late := func(name, uid string) *metav1.OwnerReference {
+		yes := true
+		return &metav1.OwnerReference{APIVersion: "batch/v1", Kind: "Job", Name: name, UID: types.UID(uid), Controller: &yes}
+	}
+	c.pod(jobsetPodObject("late-node-0-0-abcde", "late", "node", 0, late("late-node-0", "00000000-0000-0000-0000-000000000002")), "n-a", "10.0.1.3")
+	c.pod(jobsetPodObject("late-node-0-1-fghij", "late", "node", 1, late("late-node-0", "00000000-0000-0000-0000-000000000002")), "n-a", "10.0.1.4")
+	waitPlacement(t, index, "JobSet before its owners exist", func(jp []topology.JobPlacement) bool {
+		for _, j := range jp {
+			if j.Job == (topology.Job{Namespace: "ml", Name: "late", Kind: "JobSet"}) && len(j.Pods) == 2 {
+				return true
+			}
+		}
+		return false
+	})
+	ltj := c.object("trainer.kubeflow.org/v1alpha1", "TrainJob", "trainjobs", "late", nil, map[string]any{}, nil)
+	c.object("batch/v1", "Job", "jobs", "late-node-0", map[string]string{"jobset.sigs.k8s.io/jobset-name": "late"}, map[string]any{
+		"completionMode": "Indexed", "completions": int64(2), "parallelism": int64(2),
+		"template": map[string]any{"spec": map[string]any{"restartPolicy": "Never", "containers": []any{map[string]any{"name": "node", "image": "busybox"}}}},
+	}, &metav1.OwnerReference{APIVersion: "jobset.x-k8s.io/v1alpha2", Kind: "JobSet", Name: "late", UID: "00000000-0000-0000-0000-000000000003"})
+	c.object("jobset.x-k8s.io/v1alpha2", "JobSet", "jobsets", "late", nil, map[string]any{}, ltj)
+	waitPlacement(t, index, "TrainJob after its owners arrived", func(jp []topology.JobPlacement) bool {
+		for _, j := range jp {
+			if j.Job == (topology.Job{Namespace: "ml", Name: "late", Kind: "TrainJob"}) && len(j.Pods) == 2 {
+				return true
+			}
+		}
+		return false
+	})
 	if strings.Contains(log.String(), "not resolving owners") {
 		t.Errorf("an owner kind was skipped with its CRD installed:\n%s", log.String())
 	}

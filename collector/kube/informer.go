@@ -80,6 +80,9 @@ func NewLive(client kubernetes.Interface, index *topology.Index, rules []topolog
 		if err := pi.SetTransform(strip); err != nil {
 			return nil, nil, fmt.Errorf("pod informer transform: %w", err)
 		}
+		if err := pi.AddIndexers(cache.Indexers{controllerIndex: byController}); err != nil {
+			return nil, nil, fmt.Errorf("pod informer index: %w", err)
+		}
 		if _, err := pi.AddEventHandler(cache.ResourceEventHandlerFuncs{
 			AddFunc:    func(o any) { l.pod(source, o) },
 			UpdateFunc: func(_, o any) { l.pod(source, o) },
@@ -166,19 +169,22 @@ func (l *Live) upsert(source int, p *corev1.Pod) {
 	l.index.UpsertPod(source, PodWithOwners(l.rules, owners, p))
 }
 
-// ownerChanged identifies the namespace's job pods again: an owner object
-// came, went or changed its controller.
-func (l *Live) ownerChanged(namespace string) {
+// ownerChanged identifies again the job pods below an owner object (key:
+// objectKey) that came, went or changed its controller: the pods it
+// controls and those of the owner objects below it (a JobSet's Jobs).
+func (l *Live) ownerChanged(key string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	for source, inf := range l.pods {
-		objs, err := inf.GetIndexer().ByIndex(cache.NamespaceIndex, namespace)
-		if err != nil {
-			continue
-		}
-		for _, o := range objs {
-			if p, ok := o.(*corev1.Pod); ok {
-				l.upsert(source, p)
+	if l.owners == nil {
+		return // the owner informers' first sync: no pod is identified yet
+	}
+	for _, k := range l.owners.keysBelow(key) {
+		for source, inf := range l.pods {
+			objs, _ := inf.GetIndexer().ByIndex(controllerIndex, k)
+			for _, o := range objs {
+				if p, ok := o.(*corev1.Pod); ok {
+					l.upsert(source, p)
+				}
 			}
 		}
 	}

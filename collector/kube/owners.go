@@ -8,6 +8,7 @@ import (
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/discovery"
@@ -46,6 +47,59 @@ type groupKind struct{ group, kind string }
 // ownerStore answers topology.Owners from the metadata informers' caches.
 type ownerStore struct {
 	stores map[groupKind]cache.Store
+	// below finds the owner objects a given one controls (a JobSet's Jobs).
+	below []ownerIndex
+}
+
+type ownerIndex struct {
+	groupKind
+	indexer cache.Indexer
+}
+
+// controllerIndex indexes pods and owner objects by their controller
+// reference, so that a change of an owner reaches exactly the pods below it.
+const controllerIndex = "zonewatch-controller"
+
+// objectKey names an object for controllerIndex: namespace, group, kind, name.
+func objectKey(namespace, group, kind, name string) string {
+	return namespace + "/" + group + "/" + kind + "/" + name
+}
+
+func byController(obj any) ([]string, error) {
+	m, err := apimeta.Accessor(obj)
+	if err != nil {
+		return nil, nil
+	}
+	for _, o := range m.GetOwnerReferences() {
+		if o.Controller != nil && *o.Controller {
+			gv, err := schema.ParseGroupVersion(o.APIVersion)
+			if err != nil {
+				return nil, nil
+			}
+			return []string{objectKey(m.GetNamespace(), gv.Group, o.Kind, o.Name)}, nil
+		}
+	}
+	return nil, nil
+}
+
+// keysBelow returns key and the keys of every owner object below it.
+func (s *ownerStore) keysBelow(key string) []string {
+	keys := []string{key}
+	seen := map[string]bool{key: true}
+	for i := 0; i < len(keys); i++ {
+		for _, b := range s.below {
+			objs, _ := b.indexer.ByIndex(controllerIndex, keys[i])
+			for _, o := range objs {
+				if m, ok := o.(*metav1.PartialObjectMetadata); ok {
+					if k := objectKey(m.Namespace, b.group, b.kind, m.Name); !seen[k] {
+						seen[k] = true
+						keys = append(keys, k)
+					}
+				}
+			}
+		}
+	}
+	return keys
 }
 
 // ControllerOf returns the controller reference of the owner object o.
@@ -97,7 +151,7 @@ func StripOwner(obj any) (any, error) {
 // resource that is absent (its CRD not installed) or forbidden is skipped
 // with one log line: identity then falls back to the pod's labels.
 func startOwners(ctx context.Context, meta metadata.Interface, disc discovery.DiscoveryInterface, resync time.Duration, logger *slog.Logger,
-	changed func(namespace string)) (*ownerStore, []cache.InformerSynced) {
+	changed func(key string)) (*ownerStore, []cache.InformerSynced) {
 	store := &ownerStore{stores: map[groupKind]cache.Store{}}
 	var synced []cache.InformerSynced
 	var factories []metadatainformer.SharedInformerFactory
@@ -117,9 +171,14 @@ func startOwners(ctx context.Context, meta metadata.Interface, disc discovery.Di
 			logger.Warn("owner informer transform", "resource", res.GVR.String(), "err", err)
 			continue
 		}
+		if err := inf.AddIndexers(cache.Indexers{controllerIndex: byController}); err != nil {
+			logger.Warn("owner informer index", "resource", res.GVR.String(), "err", err)
+			continue
+		}
+		gk := groupKind{res.GVR.Group, res.Kind}
 		ns := func(o any) {
 			if m, ok := tombstone(o).(*metav1.PartialObjectMetadata); ok {
-				changed(m.Namespace)
+				changed(objectKey(m.Namespace, gk.group, gk.kind, m.Name))
 			}
 		}
 		if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
@@ -138,7 +197,8 @@ func startOwners(ctx context.Context, meta metadata.Interface, disc discovery.Di
 			logger.Warn("owner informer handler", "resource", res.GVR.String(), "err", err)
 			continue
 		}
-		store.stores[groupKind{res.GVR.Group, res.Kind}] = inf.GetStore()
+		store.stores[gk] = inf.GetStore()
+		store.below = append(store.below, ownerIndex{gk, inf.GetIndexer()})
 		synced = append(synced, inf.HasSynced)
 		factories = append(factories, f)
 	}
