@@ -50,6 +50,7 @@ type operatorStack struct {
 	client kubernetes.Interface
 	mapper func(schema.GroupVersionKind) (*meta.RESTMapping, error)
 	tools  string
+	log    string // the operator's
 }
 
 func startOperatorStack(ctx context.Context, t *testing.T) *operatorStack {
@@ -89,8 +90,8 @@ func startOperatorStack(ctx context.Context, t *testing.T) *operatorStack {
 		}
 		return nil, err
 	}
-	promoperator.Start(t, tools, api.Kubeconfig, namespace)
-	return &operatorStack{dyn: dyn, client: client, mapper: mapper, tools: tools}
+	log := promoperator.Start(t, tools, api.Kubeconfig, namespace)
+	return &operatorStack{dyn: dyn, client: client, mapper: mapper, tools: tools, log: log}
 }
 
 // apply server-side applies the objects (as helm would create them).
@@ -134,7 +135,13 @@ func (s *operatorStack) resource(t *testing.T, o *unstructured.Unstructured) dyn
 
 func (s *operatorStack) wait(ctx context.Context, t *testing.T, prometheus, what string, cond func(*promoperator.Generated) bool) *promoperator.Generated {
 	t.Helper()
-	return promoperator.Wait(ctx, t, s.client, namespace, prometheus, what, 90*time.Second, cond)
+	g := promoperator.Wait(ctx, t, s.client, namespace, prometheus, what, 90*time.Second, func(g *promoperator.Generated) bool {
+		return cond(g) || len(promoperator.Rejections(s.log)) > 0
+	})
+	if r := promoperator.Rejections(s.log); len(r) > 0 {
+		t.Fatalf("the operator rejected what the chart rendered:\n%s", strings.Join(r, "\n"))
+	}
+	return g
 }
 
 // docSetFlags finds the `--set` flags of a command in README.md or docs/*.md:

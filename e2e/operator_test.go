@@ -52,10 +52,10 @@ const (
 // where it listens.
 var exporterAddrs = struct {
 	sync.Mutex
-	port  int
-	byIP  map[string]string
-	count int
-}{byIP: map[string]string{}}
+	port   int
+	byNode map[string]string
+	count  int
+}{byNode: map[string]string{}}
 
 // exporterAddr is node's exporter listen address, 127.0.0.<10+n>:<port>.
 func exporterAddr(t *testing.T, node string) string {
@@ -63,16 +63,27 @@ func exporterAddr(t *testing.T, node string) string {
 	a := &exporterAddrs
 	a.Lock()
 	defer a.Unlock()
-	if addr, ok := a.byIP[node]; ok {
+	if addr, ok := a.byNode[node]; ok {
 		return addr
 	}
-	ip := "127.0.0." + strconv.Itoa(10+a.count)
-	for a.port == 0 || !free(ip, a.port) {
-		a.port = testenv.FreePort(t)
+	const maxNodes = 64
+	if a.count == maxNodes {
+		t.Fatalf("more than %d exporters", maxNodes)
 	}
+	// One port for every address: the pods of a DaemonSet share it.
+	for a.port == 0 {
+		a.port = testenv.FreePort(t)
+		for i := range maxNodes {
+			if !free("127.0.0."+strconv.Itoa(10+i), a.port) {
+				a.port = 0
+				break
+			}
+		}
+	}
+	ip := "127.0.0." + strconv.Itoa(10+a.count)
 	a.count++
 	addr := net.JoinHostPort(ip, strconv.Itoa(a.port))
-	a.byIP[node] = addr
+	a.byNode[node] = addr
 	return addr
 }
 
@@ -140,7 +151,14 @@ func startOperatorPrometheus(ctx context.Context, t *testing.T, tools, dir strin
 		t.Fatal(err)
 	}
 
+	exporterAddrs.Lock()
 	port := exporterAddrs.port
+	exporterAddrs.Unlock()
+	for _, e := range exporters {
+		if _, p, _ := net.SplitHostPort(e.addr); p != strconv.Itoa(port) {
+			t.Fatalf("exporter on %s listens on %s, not on the port of its pod (%d): start it with startExporter", e.node, e.addr, port)
+		}
+	}
 	objs := helmTemplate(t, tools, chartValues(cfg, port))
 	var podTemplate *corev1.PodTemplateSpec
 	for _, o := range objs {
@@ -203,13 +221,16 @@ func startOperatorPrometheus(ctx context.Context, t *testing.T, tools, dir strin
 	}
 
 	began := time.Now()
-	promoperator.Start(t, tools, api.Kubeconfig, chartNamespace)
+	log := promoperator.Start(t, tools, api.Kubeconfig, chartNamespace)
 	job := promoperator.JobName("PodMonitor", chartNamespace, chartRelease)
 	ruleFilePrefix := chartNamespace + "-" + chartRelease + "-zonewatch-"
 	g := promoperator.Wait(ctx, t, client, chartNamespace, kpsPrometheus, "scrape job "+job+" and the rule file", 2*time.Minute, func(g *promoperator.Generated) bool {
 		_, _, ok := g.RuleFile(ruleFilePrefix)
-		return g.Config.Job(job) != nil && ok
+		return g.Config.Job(job) != nil && ok || len(promoperator.Rejections(log)) > 0
 	})
+	if r := promoperator.Rejections(log); len(r) > 0 {
+		t.Fatalf("the operator rejected what the chart rendered:\n%s", strings.Join(r, "\n"))
+	}
 	t.Logf("operator %s generated the configuration in %s (jobs %v)", promoperator.Version, time.Since(began).Round(time.Millisecond), g.Config.Jobs())
 	if sc := g.Config.Job(job); !sc.HonorLabels || sc.ScrapeInterval != "1s" {
 		t.Errorf("%s: honor_labels %v, scrape_interval %q; want true and the chart's 1s", job, sc.HonorLabels, sc.ScrapeInterval)

@@ -122,7 +122,8 @@ func established(crd *unstructured.Unstructured) bool {
 // runs no kubelet controller. No kubelet or controller-manager runs here:
 // the StatefulSets it creates never get pods, while the configuration it
 // writes (the config Secret, the rule-file ConfigMaps) is complete.
-func Start(t *testing.T, tools, kubeconfig, namespace string) {
+// It returns the path of the operator's log.
+func Start(t *testing.T, tools, kubeconfig, namespace string) (log string) {
 	t.Helper()
 	bin := filepath.Join(tools, "prometheus-operator")
 	out, err := exec.Command(bin, "--version").CombinedOutput()
@@ -133,11 +134,29 @@ func Start(t *testing.T, tools, kubeconfig, namespace string) {
 		t.Fatalf("%s is not operator %s (hack/tools.sh builds the pinned version):\n%s", bin, Version, out)
 	}
 	t.Setenv("KUBECONFIG", kubeconfig)
-	testenv.Start(t, t.TempDir(), "prometheus-operator", bin,
+	dir := t.TempDir()
+	testenv.Start(t, dir, "prometheus-operator", bin,
 		"--web.listen-address=127.0.0.1:"+strconv.Itoa(testenv.FreePort(t)),
 		"--namespaces="+namespace,
 		"--log-level=debug",
 	)
+	return filepath.Join(dir, "prometheus-operator.log")
+}
+
+// Rejections are the operator's log lines saying why it skipped a monitor or
+// rule (an invalid rule: its PromQL parser is the Prometheus its go.mod
+// requires, v0.305.0 for v0.85.0, older than the Prometheus the tests run).
+func Rejections(log string) []string {
+	b, _ := os.ReadFile(log)
+	var out []string
+	for _, line := range strings.Split(string(b), "\n") {
+		// pkg/operator/rules.go and pkg/prometheus/resource_selector.go.
+		if strings.Contains(line, `msg="invalid rule"`) && strings.Contains(line, " err=") ||
+			strings.Contains(line, `msg="skipping object"`) || strings.Contains(line, `msg="skipping prometheusrule"`) {
+			out = append(out, line)
+		}
+	}
+	return out
 }
 
 // KubePrometheusStack is the Prometheus object kube-prometheus-stack 77.14.0
