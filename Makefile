@@ -126,7 +126,7 @@ release-notes:
 ## push: the image index and the chart to IMAGE_REPO and CHART_REPO (CI on a tag, after make release and the registry logins)
 push:
 	@bash hack/tools.sh --release >/dev/null
-	$(TOOLS_BIN)/crane push $(DIST)/image/oci $(IMAGE_REPO):$(RELEASE_VERSION)
+	$(TOOLS_BIN)/crane push $(DIST)/image/oci $(IMAGE_REPO):$$(cat $(DIST)/image/version)
 	$(TOOLS_BIN)/helm push $(HELM_PUSH_FLAGS) $(DIST)/zonewatch-$(CHART_VERSION).tgz $(CHART_REPO)
 
 clean:

@@ -207,6 +207,10 @@ func Build(o Options) (*Result, error) {
 	if err := os.WriteFile(filepath.Join(o.Out, "digest"), []byte(res.Digest.String()+"\n"), 0o644); err != nil {
 		return nil, err
 	}
+	// make push tags the index with the version it was built as.
+	if err := os.WriteFile(filepath.Join(o.Out, "version"), []byte(res.Version+"\n"), 0o644); err != nil {
+		return nil, err
+	}
 	return res, nil
 }
 

@@ -102,6 +102,9 @@ func TestImageLayout(t *testing.T) {
 	if b, err := os.ReadFile(filepath.Join(out, "digest")); err != nil || strings.TrimSpace(string(b)) != res.Digest.String() {
 		t.Errorf("digest file %q (%v), want %s", b, err, res.Digest)
 	}
+	if b, err := os.ReadFile(filepath.Join(out, "version")); err != nil || strings.TrimSpace(string(b)) != res.Version {
+		t.Errorf("version file %q (%v), want %s", b, err, res.Version)
+	}
 
 	idx, err := top.ImageIndex(res.Digest)
 	if err != nil {
