@@ -3,9 +3,13 @@ package kube_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"os"
+	"path/filepath"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -20,6 +24,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/metadata"
 
+	"github.com/zonewatch/zonewatch/analyze"
 	"github.com/zonewatch/zonewatch/collector/kube"
 	"github.com/zonewatch/zonewatch/internal/testenv"
 	"github.com/zonewatch/zonewatch/topology"
@@ -373,3 +378,130 @@ func TestOwnerChainAgainstKubeAPIServer(t *testing.T) {
 }
 
 func mustAddr(s string) netip.Addr { return netip.MustParseAddr(s) }
+
+// TestAnalyzeAgreesAgainstKubeAPIServer: the identity dump analyze reads
+// (analyze/testdata/identity/pods.json, every controller's shape) is
+// created in a real apiserver with its owner objects; the exporter's
+// informers must then place every job as analyze does.
+func TestAnalyzeAgreesAgainstKubeAPIServer(t *testing.T) {
+	testenv.ToolsBin(t, "etcd", "kube-apiserver")
+	c := startCluster(t)
+	c.crd("trainer.kubeflow.org", "v1alpha1", "TrainJob", "trainjobs")
+	c.crd("jobset.x-k8s.io", "v1alpha2", "JobSet", "jobsets")
+	c.crd("ray.io", "v1", "RayCluster", "rayclusters")
+	c.crd("ray.io", "v1", "RayJob", "rayjobs")
+	nodes := filepath.Join("..", "..", "analyze", "testdata", "nodes.json")
+	dump := filepath.Join("..", "..", "analyze", "testdata", "identity", "pods.json")
+	rep, err := analyze.Run(analyze.Input{Nodes: nodes, Pods: dump})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	var nodeList, list struct {
+		Items []json.RawMessage `json:"items"`
+	}
+	for file, into := range map[string]any{nodes: &nodeList, dump: &list} {
+		b, err := os.ReadFile(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := json.Unmarshal(b, into); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, raw := range nodeList.Items {
+		var n corev1.Node
+		_ = json.Unmarshal(raw, &n)
+		n.ResourceVersion, n.UID = "", ""
+		created, err := c.client.CoreV1().Nodes().Create(c.ctx, &n, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		created.Status = n.Status
+		if _, err := c.client.CoreV1().Nodes().UpdateStatus(c.ctx, created, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, ns := range []string{"serve", "etl", "ray"} {
+		if _, err := c.client.CoreV1().Namespaces().Create(c.ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	plural := map[string]string{"TrainJob": "trainjobs", "JobSet": "jobsets", "Job": "jobs", "RayJob": "rayjobs", "RayCluster": "rayclusters"}
+	for _, raw := range list.Items {
+		var u unstructured.Unstructured
+		if err := json.Unmarshal(raw, &u.Object); err != nil {
+			t.Fatal(err)
+		}
+		u.SetUID("")
+		if u.GetKind() == "Pod" {
+			var p corev1.Pod
+			_ = json.Unmarshal(raw, &p)
+			p.UID = ""
+			deleting := p.DeletionTimestamp != nil
+			p.DeletionTimestamp, p.DeletionGracePeriodSeconds = nil, nil
+			if deleting {
+				p.Finalizers = []string{"zonewatch.test/hold"}
+			}
+			status := p.Status
+			created, err := c.client.CoreV1().Pods(p.Namespace).Create(c.ctx, &p, metav1.CreateOptions{})
+			if err != nil {
+				t.Fatalf("pod %s: %v", p.Name, err)
+			}
+			created.Status = status
+			if _, err := c.client.CoreV1().Pods(p.Namespace).UpdateStatus(c.ctx, created, metav1.UpdateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			if deleting {
+				if err := c.client.CoreV1().Pods(p.Namespace).Delete(c.ctx, p.Name, metav1.DeleteOptions{}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			continue
+		}
+		if u.GetKind() == "Job" { // the dump keeps metadata only
+			u.Object["spec"] = map[string]any{"template": map[string]any{"spec": map[string]any{
+				"restartPolicy": "Never", "containers": []any{map[string]any{"name": "c", "image": "busybox"}}}}}
+		}
+		gv, _ := schema.ParseGroupVersion(u.GetAPIVersion())
+		if _, err := c.dyn.Resource(gv.WithResource(plural[u.GetKind()])).Namespace(u.GetNamespace()).Create(c.ctx, &u, metav1.CreateOptions{}); err != nil {
+			t.Fatalf("%s %s: %v", u.GetKind(), u.GetName(), err)
+		}
+	}
+
+	index := topology.NewIndex()
+	var log syncBuffer
+	c.live(index, &log)
+	want := map[string]string{}
+	for _, j := range rep.Jobs {
+		want[j.Namespace+"/"+j.JobName] = fmt.Sprintf("%s %v", j.JobKind, j.Zones)
+	}
+	var got map[string]string
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		got = map[string]string{}
+		for _, jp := range index.Placements("") {
+			zones := map[string]analyze.RoleCount{}
+			for _, p := range jp.Pods {
+				rc := zones[p.Zone]
+				if p.Role == topology.RoleCoordinator {
+					rc.Coordinator++
+				} else {
+					rc.Worker++
+				}
+				zones[p.Zone] = rc
+			}
+			got[jp.Job.Namespace+"/"+jp.Job.Name] = fmt.Sprintf("%s %v", jp.Job.Kind, zones)
+		}
+		if reflect.DeepEqual(got, want) || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("exporter and analyze disagree:\nexporter %v\nanalyze  %v", got, want)
+	}
+	if len(want) != 10 {
+		t.Fatalf("analyze reported %d jobs, want the 10 of the dump", len(want))
+	}
+}
