@@ -5,6 +5,8 @@ import (
 
 	"github.com/grafana/grafana-foundation-sdk/go/dashboard"
 	"github.com/grafana/grafana-foundation-sdk/go/units"
+
+	"github.com/zonewatch/zonewatch/rules"
 )
 
 // unitGPUHours is a Grafana custom unit: the number followed by " GPU-h".
@@ -22,8 +24,10 @@ func costReport(o Options) (dashboard.Dashboard, error) {
 	bytesBy := func(by string) string {
 		return fmt.Sprintf("sum%s(increase(%s[$__range]))", by, bytesSel)
 	}
+	// Dollars price each locality at the rule pack's own price series, as
+	// the cost rules and the report do (a cross-region GB costs more).
 	dollarsBy := func(by string) string {
-		return fmt.Sprintf("%s / 1e9 * $%s", bytesBy(by), varCrossZonePrice)
+		return fmt.Sprintf("sum%s(increase(%s[$__range]) * on (locality) group_left %s) / 1e9", by, bytesSel, rules.RecTransferPrice)
 	}
 	idleDollarsBy := func(by string) string {
 		return fmt.Sprintf("sum%s(sum_over_time(%s[$__range:1m])) / 60", by, idleSel)
@@ -118,12 +122,12 @@ func costReport(o Options) (dashboard.Dashboard, error) {
 }
 
 // priceMarkdown shows the price variables; Grafana fills them in.
-const priceMarkdown = `| Item | Price |
+var priceMarkdown = `| Item | Price |
 | --- | --- |
-| Cross-zone (and cross-region) data transfer | **${cross_zone_usd_per_gb} USD per GB** (10^9 bytes), counted once, at the sender |
+| Cross-zone data transfer | **${cross_zone_usd_per_gb} USD per GB** (10^9 bytes), counted once, at the sender; cross-region GB at the rules' ` + "`rules.crossRegionDollarsPerGB`" + ` |
 | GPU | **${gpu_usd_per_hour} USD per GPU-hour** |
 | Idle GPU | utilization below **${idle_gpu_utilization}** |
 
-Estimates, not the bill. The $/hour series come from the recording rules, priced by the rules config; the range totals here use the prices above, which are the same numbers: the Helm chart copies them from its rules values, and ` + "`go run ./dashboards/gen -cross-zone-usd-per-gb=X -gpu-usd-per-hour=Y -idle-gpu-utilization=Z`" + ` sets them in the plain JSON.
+Estimates, not the bill. Dollar totals price each GB at the rule pack's price series (` + "`" + rules.RecTransferPrice + "`" + `), the same the cost rules and ` + "`zonewatch-exporter report`" + ` use; the prices shown above are the same numbers: the Helm chart copies them from its rules values, and ` + "`go run ./dashboards/gen -cross-zone-usd-per-gb=X -gpu-usd-per-hour=Y -idle-gpu-utilization=Z`" + ` sets them in the plain JSON.
 
 Bytes are counted once, at the sender: where the cloud bills both directions (AWS: 0.01 out + 0.01 in), the price should be the sum.`

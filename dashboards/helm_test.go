@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/zonewatch/zonewatch/rules"
 )
 
 // TestHelmTemplate renders templates/dashboards.yaml with helm in a scratch
@@ -95,8 +97,11 @@ func TestHelmTemplate(t *testing.T) {
 		if err != nil {
 			t.Errorf("%s: rendered dashboard: %v", d.UID, err)
 		}
-		if d.UID == UIDCost && !strings.Contains(exprs(qs), "* 0.02") {
-			t.Errorf("%s: cost queries do not use the chart's price 0.02:\n%s", d.UID, exprs(qs))
+		// GPU-hours divide by the chart's GPU price; transfer dollars read
+		// the rule pack's price series, which the chart fills from the same
+		// rules values.
+		if d.UID == UIDCost && (!strings.Contains(exprs(qs), "/ 2.5") || !strings.Contains(exprs(qs), rules.RecTransferPrice)) {
+			t.Errorf("%s: cost queries use neither the chart's GPU price 2.5 nor the rules' price series:\n%s", d.UID, exprs(qs))
 		}
 	}
 	if len(found) != 3 {

@@ -12,6 +12,8 @@ import (
 
 	"github.com/prometheus/prometheus/model/labels"
 	"github.com/prometheus/prometheus/promql/parser"
+
+	"github.com/zonewatch/zonewatch/rules"
 )
 
 // Odd durations stand in for Grafana's interval variables, so the parsed
@@ -310,7 +312,9 @@ func lintExpr(expr parser.Expr, wantCluster bool) []string {
 				problems = append(problems, "irate() hides spikes between points; use rate()")
 			}
 		case *parser.VectorSelector:
-			if wantCluster && n.Name != "" && !hasMatcher(n.LabelMatchers, "cluster", labels.MatchRegexp, clusterSentinel) {
+			// The rule pack's price series are one per locality for every
+			// cluster: they carry no cluster label.
+			if wantCluster && n.Name != "" && n.Name != rules.RecTransferPrice && !hasMatcher(n.LabelMatchers, "cluster", labels.MatchRegexp, clusterSentinel) {
 				problems = append(problems, fmt.Sprintf("%s lacks the cluster=~\"$cluster\" matcher", n.Name))
 			}
 			if strings.HasSuffix(n.Name, "_total") {

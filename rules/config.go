@@ -30,6 +30,10 @@ type Config struct {
 	// zone boundary. Bytes are counted once, on the sending side: on clouds
 	// that bill both directions (AWS: 0.01 out + 0.01 in) use the sum.
 	CrossZoneDollarsPerGB float64
+	// CrossRegionDollarsPerGB is the price of one GB crossing a region
+	// boundary, counted the same way (sending side once). PricePresets
+	// holds the big clouds' published prices (docs/cost.md).
+	CrossRegionDollarsPerGB float64
 	// GPUDollarsPerHour is what one GPU-hour costs.
 	GPUDollarsPerHour float64
 	// CrossZoneDailyBudgetDollars is the cross-zone transfer spend per job
@@ -87,7 +91,8 @@ func DefaultConfig() Config {
 	return Config{
 		Selector:                    `job="zonewatch"`,
 		RunbookBaseURL:              DefaultRunbookBaseURL,
-		CrossZoneDollarsPerGB:       0.01,
+		CrossZoneDollarsPerGB:       PricePresets[DefaultPricePreset].CrossZoneDollarsPerGB,
+		CrossRegionDollarsPerGB:     PricePresets[DefaultPricePreset].CrossRegionDollarsPerGB,
 		GPUDollarsPerHour:           4.00,
 		CrossZoneDailyBudgetDollars: 50,
 		IdleGPUUtilization:          0.05,
@@ -141,6 +146,7 @@ func (c Config) Validate() error {
 		v, limit float64
 	}{
 		{"cross-zone dollars per GB", c.CrossZoneDollarsPerGB, -1},
+		{"cross-region dollars per GB", c.CrossRegionDollarsPerGB, -1},
 		{"GPU dollars per hour", c.GPUDollarsPerHour, -1},
 		{"cross-zone daily budget", c.CrossZoneDailyBudgetDollars, -1},
 		{"drop rate", c.DropRate, -1},

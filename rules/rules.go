@@ -47,6 +47,14 @@ const (
 	// across zones, the slowdown's evidence that collectives cross zones.
 	RecOwnCrossZoneFlowEvents = "namespace_job_name:zonewatch_job_own_cross_zone_flow_events:rate5m"
 	RecCrossZoneBytes         = "namespace_job_name:zonewatch_job_cross_zone_bytes:rate5m"
+	// RecLocalityBytes: the cross-zone bytes by locality (cross_zone,
+	// cross_region), which are priced apart.
+	RecLocalityBytes = "namespace_job_name_locality:zonewatch_job_cross_zone_bytes:rate5m"
+	// RecTransferPrice is the configured USD per GB by locality, and
+	// RecGPUPrice the USD per GPU-hour: the one set of prices the cost
+	// rules, the dashboards' chart values and the report read.
+	RecTransferPrice          = "locality:zonewatch_transfer_price_dollars_per_gigabyte:config"
+	RecGPUPrice               = "global:zonewatch_gpu_price_dollars_per_hour:config"
 	RecCrossZoneCost          = "namespace_job_name:zonewatch_cross_zone_cost_dollars_per_hour:rate5m"
 	RecNamespaceCrossZoneCost = "namespace:zonewatch_cross_zone_cost_dollars_per_hour:rate5m"
 	RecSplitIdleGPUCost       = "namespace_job_name:zonewatch_split_idle_gpu_cost_dollars_per_hour:sum"
@@ -238,8 +246,12 @@ or ` + RecGPUTensorActive)},
 		{Record: RecCrossZoneFlowEvents, Expr: block(`sum by (` + byJob + `) (rate(zonewatch_job_flow_events_total` + sel(crossZone) + `[5m]))`)},
 		{Record: RecOwnCrossZoneFlowEvents, Expr: block(`sum by (` + byJob + `) (rate(zonewatch_job_flow_events_total` + sel(crossZone, `peer="job"`) + `[5m]))`)},
 		{Record: RecCrossZoneBytes, Expr: block(`sum by (` + byJob + `) (rate(zonewatch_job_network_bytes_total` + sel(crossZone) + `[5m]))`)},
-		// bytes/s * 3600 s/h / 1e9 B/GB * $/GB
-		{Record: RecCrossZoneCost, Expr: block(RecCrossZoneBytes + ` * 3600 / 1e9 * ` + tok("crossZoneDollarsPerGB"))},
+		{Record: RecLocalityBytes, Expr: block(`sum by (namespace, job_name, locality` + tClusterBy + `) (rate(zonewatch_job_network_bytes_total` + sel(crossZone) + `[5m]))`)},
+		{Record: RecTransferPrice, Expr: block(`vector(` + tok("crossZoneDollarsPerGB") + `)`), Labels: map[string]string{"locality": "cross_zone"}},
+		{Record: RecTransferPrice, Expr: block(`vector(` + tok("crossRegionDollarsPerGB") + `)`), Labels: map[string]string{"locality": "cross_region"}},
+		{Record: RecGPUPrice, Expr: block(`vector(` + tok("gpuDollarsPerHour") + `)`)},
+		// bytes/s * $/GB (by locality) * 3600 s/h / 1e9 B/GB
+		{Record: RecCrossZoneCost, Expr: block(`sum by (` + byJob + `) (` + RecLocalityBytes + ` * on (locality) group_left ` + RecTransferPrice + `) * 3600 / 1e9`)},
 		{Record: RecNamespaceCrossZoneCost, Expr: block(`sum by (namespace` + tClusterBy + `) (` + RecCrossZoneCost + `)`)},
 		// Per GPU, the ratio condIdle reads, in the same order.
 		{Record: RecSplitIdleGPUCost, Expr: block(`count by (` + byJob + `) (
