@@ -69,7 +69,7 @@ type Discovery struct {
 	synced    []cache.InformerSynced
 
 	mu       sync.Mutex
-	pods     map[string]*nodePod // by namespace/name
+	pods     map[PodRef]*nodePod
 	capacity string              // GPU resource in node capacity/allocatable, "" if none
 	draGPUs  map[string]int      // slice name -> GPU devices
 	changed  chan struct{}
@@ -107,7 +107,7 @@ func NewDiscovery(client kubernetes.Interface, o DiscoveryOptions) (*Discovery, 
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
-	d := &Discovery{opts: o, logger: o.Logger, pods: map[string]*nodePod{}, draGPUs: map[string]int{}, changed: make(chan struct{}, 1)}
+	d := &Discovery{opts: o, logger: o.Logger, pods: map[PodRef]*nodePod{}, draGPUs: map[string]int{}, changed: make(chan struct{}, 1)}
 	for _, s := range o.Selectors {
 		sel, err := klabels.Parse(s)
 		if err != nil {
@@ -276,7 +276,7 @@ func (d *Discovery) podChanged(obj any) {
 		}
 	}
 	d.mu.Lock()
-	d.pods[p.Namespace+"/"+p.Name] = np
+	d.pods[PodRef{p.Namespace, p.Name}] = np
 	d.mu.Unlock()
 	d.notify()
 }
@@ -290,7 +290,7 @@ func (d *Discovery) podDeleted(obj any) {
 		return
 	}
 	d.mu.Lock()
-	delete(d.pods, p.Namespace+"/"+p.Name)
+	delete(d.pods, PodRef{p.Namespace, p.Name})
 	d.mu.Unlock()
 	d.notify()
 }
@@ -434,7 +434,7 @@ func (d *Discovery) GPUNode() (bool, string) {
 	var pods []string
 	for k, p := range d.pods {
 		if p.gpuResource != "" && !p.gone {
-			pods = append(pods, k+" requests "+p.gpuResource)
+			pods = append(pods, k.Namespace+"/"+k.Pod+" requests "+p.gpuResource)
 		}
 	}
 	if len(pods) > 0 {
@@ -450,7 +450,7 @@ func (d *Discovery) GPUNode() (bool, string) {
 func (d *Discovery) PodGone(namespace, name string) bool {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	p := d.pods[namespace+"/"+name]
+	p := d.pods[PodRef{namespace, name}]
 	return p != nil && p.gone
 }
 
