@@ -18,7 +18,7 @@ import (
 func AddCommand(app *kingpin.Application, jobRules *[]string, stdout, stderr io.Writer) func() int {
 	cmd := app.Command("analyze", "Diagnose captured files offline: which training jobs are split across zones, blocked by policy or paying for cross-zone traffic, and how to fix them.")
 	nodes := cmd.Flag("nodes", "kubectl get nodes -o json (or -o yaml) output.").PlaceHolder("FILE").Required().String()
-	pods := cmd.Flag("pods", "kubectl get pods -A -o json (or -o yaml) output.").PlaceHolder("FILE").Required().String()
+	pods := cmd.Flag("pods", "kubectl get pods -A -o json (or -o yaml) output; with owner objects in the List (kubectl get pods,jobs,jobsets,rayclusters) job_kind is the top owner.").PlaceHolder("FILE").Required().String()
 	flows := cmd.Flag("flows", "hubble observe -o jsonpb (or -o json) output; repeatable, e.g. one file per node.").PlaceHolder("FILE").Strings()
 	gpuPage := cmd.Flag("gpu", "A dcgm-exporter /metrics page (with its pod labels) for GPU utilization per job.").PlaceHolder("FILE").String()
 	output := cmd.Flag("output", "Output format: text or json.").Short('o').Default("text").Enum("text", "json")
