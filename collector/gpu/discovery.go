@@ -70,8 +70,8 @@ type Discovery struct {
 
 	mu       sync.Mutex
 	pods     map[PodRef]*nodePod
-	capacity string              // GPU resource in node capacity/allocatable, "" if none
-	draGPUs  map[string]int      // slice name -> GPU devices
+	capacity string         // GPU resource in node capacity/allocatable, "" if none
+	draGPUs  map[string]int // slice name -> GPU devices
 	changed  chan struct{}
 }
 
