@@ -373,3 +373,25 @@ func TestPerEndpointMapsRead(t *testing.T) {
 		t.Fatalf("per-endpoint entries = %v after the map went", got)
 	}
 }
+
+// Point 7: map sizes follow node memory; a map near full evicts live
+// entries (LRU): its size is exported and a nearly full map is logged once.
+func TestNearlyFullMapReported(t *testing.T) {
+	src := conntrack.NewMemSource()
+	p, reg, logs := logPoller(t, src, conntrack.Config{Layout: conntrack.LayoutCombined})
+	var es []ctEntry
+	for i := 0; i < 9; i++ {
+		es = append(es, established(uint16(40000+i), 5, 5000))
+	}
+	tab := table(es...)
+	tab.Max = 10
+	src.Set(conntrack.MapTCP4, tab)
+	p.Poll(t0)
+	p.Poll(t0.Add(10 * time.Second))
+	if got := selfValue(t, reg, "zonewatch_conntrack_map_max_entries", "map", conntrack.MapTCP4); got != 10 {
+		t.Fatalf("max entries = %v, want 10", got)
+	}
+	if n := strings.Count(logs.String(), "conntrack map nearly full"); n != 1 {
+		t.Fatalf("nearly full logged %d times, want once:\n%s", n, logs)
+	}
+}

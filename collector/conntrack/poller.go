@@ -554,8 +554,11 @@ func (p *Poller) table(name string, t Table) *tableState {
 // read walks one map: baselines, deltas, and the evidence for the checks.
 func (p *Poller) read(name string, t Table, now time.Time, st *pollStats) error {
 	ts := p.table(name, t)
-	if m, ok := t.(interface{ MaxEntries() uint32 }); ok && m.MaxEntries() > 0 && !LocalMap(name) {
-		p.m.maxEntries.WithLabelValues(name).Set(float64(m.MaxEntries()))
+	var max uint32
+	if m, ok := t.(interface{ MaxEntries() uint32 }); ok && !LocalMap(name) {
+		if max = m.MaxEntries(); max > 0 {
+			p.m.maxEntries.WithLabelValues(name).Set(float64(max))
+		}
 	}
 	var limit uint64 = maxBytesPerSecond
 	if last := ts.last; !last.IsZero() {
@@ -632,6 +635,15 @@ func (p *Poller) read(name string, t Table, now time.Time, st *pollStats) error 
 		st.localN += n
 	} else {
 		p.m.entries.WithLabelValues(name).Set(float64(n))
+	}
+	// A full LRU map evicts live entries, whose last bytes are lost; its
+	// size follows node memory (bpf-map-dynamic-size-ratio), so say so.
+	if full := max > 0 && uint64(n)*10 >= uint64(max)*9; full != ts.full {
+		ts.full = full
+		if full {
+			p.log.Warn("conntrack map nearly full: Cilium evicts entries (LRU) and their last bytes are not counted; raise bpf-ct-global-tcp-max / -any-max or bpf.mapDynamicSizeRatio",
+				"map", name, "entries", n, "max_entries", max)
+		}
 	}
 	p.decideLayout(name, ts)
 	if entries > 0 && ts.layout == LayoutAuto && p.layout == LayoutAuto {

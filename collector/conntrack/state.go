@@ -69,6 +69,7 @@ type tableState struct {
 	ambig  bool
 	// contradicted: a forced layout was seen contradicted (logged once).
 	contradicted bool
+	full         bool // 90% of its entries in use (logged when it starts)
 }
 
 func newTableState() *tableState {
