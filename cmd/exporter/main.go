@@ -29,6 +29,7 @@ import (
 
 	"github.com/zonewatch/zonewatch/collector"
 	"github.com/zonewatch/zonewatch/collector/kube"
+	"github.com/zonewatch/zonewatch/report"
 	"github.com/zonewatch/zonewatch/topology"
 )
 
@@ -136,13 +137,17 @@ func newApp() (*kingpin.Application, *kingpin.CmdClause, *options) {
 func run(ctx context.Context, args []string) int {
 	app, serve, o := newApp()
 	analyze := addAnalyze(app, o.jobRules)
+	costReport := report.AddCommand(app, os.Stdout, os.Stderr)
 	cmd, err := app.Parse(args)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "zonewatch-exporter: %v (try --help)\n", err)
 		return 2
 	}
-	if cmd == "analyze" {
+	switch cmd {
+	case "analyze":
 		return analyze()
+	case "report":
+		return costReport()
 	}
 	if cmd != serve.FullCommand() {
 		return 2
