@@ -193,12 +193,19 @@ func Build(ctx context.Context, q Querier, o Options) (*Report, error) {
 		}
 	}
 
-	namespaces := map[string]*Line{}
-	r.Total = Line{DenyingPolicies: []string{}}
+	r.Jobs = []Line{}
 	for _, l := range jobs {
 		l.TotalDollars = l.TransferDollars + l.IdleGPUDollars
 		sort.Strings(l.DenyingPolicies)
 		r.Jobs = append(r.Jobs, *l)
+	}
+	// Sums in a fixed order: two runs on the same data print the same digits.
+	sortLines(r.Jobs)
+	namespaces := map[string]*Line{}
+	r.Total = Line{DenyingPolicies: []string{}}
+	r.Namespaces = []Line{}
+	for i := range r.Jobs {
+		l := &r.Jobs[i]
 		n := namespaces[l.Namespace]
 		if n == nil {
 			n = &Line{Namespace: l.Namespace, DenyingPolicies: []string{}}
@@ -210,11 +217,7 @@ func Build(ctx context.Context, q Querier, o Options) (*Report, error) {
 	for _, n := range namespaces {
 		r.Namespaces = append(r.Namespaces, *n)
 	}
-	sortLines(r.Jobs)
 	sortLines(r.Namespaces)
-	if r.Jobs == nil {
-		r.Jobs, r.Namespaces = []Line{}, []Line{}
-	}
 	scale := HoursPerMonth / o.To.Sub(o.From).Hours()
 	r.MonthlyProjection = Line{
 		CrossZoneGB: r.Total.CrossZoneGB * scale, CrossRegionGB: r.Total.CrossRegionGB * scale,
