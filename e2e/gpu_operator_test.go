@@ -127,7 +127,7 @@ func TestGPUOperatorDefaults(t *testing.T) {
 	}
 	for name, f := range fams {
 		for _, se := range f.series {
-			if strings.HasPrefix(name, "zonewatch_gpu_") && name != "zonewatch_gpu_read_errors_total" && name != "zonewatch_gpu_inputs_skipped_total" ||
+			if strings.HasPrefix(name, "zonewatch_gpu_") ||
 				name == "zonewatch_source_up" && (se.labels["source"] == "gpu" || se.labels["source"] == "podresources") {
 				t.Errorf("the CPU node exports %s %v", name, se.labels)
 			}

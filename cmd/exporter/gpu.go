@@ -55,8 +55,6 @@ func (p *gpuPart) start(ctx context.Context, w *wiring, in *inputs) error {
 		w.logger.Info("gpu source off")
 		return nil
 	}
-	m := gpu.NewMetrics(w.self)
-	opts := gpu.Options{DCGMExporterURL: *p.url, Skipped: m.Skipped.WithLabelValues("gpu"), Logger: w.logger}
 	filter := gpu.ResourceFilter{Extra: *p.resources}
 
 	// This node through the API: where its dcgm-exporter is, whether it has
@@ -72,6 +70,14 @@ func (p *gpuPart) start(ctx context.Context, w *wiring, in *inputs) error {
 		}
 	}
 
+	if d != nil && in.gpu.open == nil {
+		// auto on a node: the GPU counters too wait for the API to say the
+		// node has GPUs, so a CPU node exports no zonewatch_gpu_* at all.
+		go p.whenGPUNode(ctx, w, d, in.gpu.podResources, filter)
+		return nil
+	}
+	m := gpu.NewMetrics(w.self)
+	opts := p.options(w, m)
 	if in.gpu.source == gpu.SourceDCGMExporter && *p.url == "" && d != nil && in.gpu.open != nil {
 		// Named, with no URL: this node's dcgm-exporter pod, GPU node or not.
 		return p.wire(ctx, w, m, gpu.NewDiscoveredDCGMExporter(d, opts), gpu.SourceDCGMExporter+" pod", in.gpu.podResources, filter, d)
@@ -83,11 +89,11 @@ func (p *gpuPart) start(ctx context.Context, w *wiring, in *inputs) error {
 		}
 		return p.wire(ctx, w, m, src, name, in.gpu.podResources, filter, d)
 	}
-	if d == nil {
-		return p.probe(ctx, w, m, opts, in.gpu.podResources, filter)
-	}
-	go p.whenGPUNode(ctx, w, m, d, opts, in.gpu.podResources, filter)
-	return nil
+	return p.probe(ctx, w, m, opts, in.gpu.podResources, filter)
+}
+
+func (p *gpuPart) options(w *wiring, m *gpu.Metrics) gpu.Options {
+	return gpu.Options{DCGMExporterURL: *p.url, Skipped: m.Skipped.WithLabelValues("gpu"), Logger: w.logger}
 }
 
 func startDiscovery(ctx context.Context, client kubernetes.Interface, w *wiring, selectors []string, port int, filter gpu.ResourceFilter, slices *gpu.Slices) (*gpu.Discovery, error) {
@@ -115,10 +121,11 @@ func startDiscovery(ctx context.Context, client kubernetes.Interface, w *wiring,
 // discovery finds. A CPU node never gets here: no GPU series, no source_up
 // that could page. A GPU node without a working source exports
 // source_up{source="gpu"} 0, and the feed logs once at warn what to change.
-func (p *gpuPart) whenGPUNode(ctx context.Context, w *wiring, m *gpu.Metrics, d *gpu.Discovery, opts gpu.Options, socket string, filter gpu.ResourceFilter) {
+func (p *gpuPart) whenGPUNode(ctx context.Context, w *wiring, d *gpu.Discovery, socket string, filter gpu.ResourceFilter) {
 	for {
 		if ok, why := d.GPUNode(); ok {
-			src, name := gpu.AutoSource(ctx, d, opts)
+			m := gpu.NewMetrics(w.self)
+			src, name := gpu.AutoSource(ctx, d, p.options(w, m))
 			w.logger.Info("GPU node", "because", why)
 			if err := p.wire(ctx, w, m, src, name, socket, filter, d); err != nil {
 				w.logger.Error("gpu source", "err", err)
