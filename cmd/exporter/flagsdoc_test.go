@@ -3,11 +3,14 @@ package main
 import (
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"strings"
 	"testing"
 
 	"github.com/alecthomas/kingpin/v2"
+
+	"github.com/zonewatch/zonewatch/report"
 )
 
 var update = flag.Bool("update", false, "rewrite docs/flags.md from the command line (make generate)")
@@ -61,6 +64,7 @@ func flagsMarkdown(t *testing.T) string {
 	t.Setenv("KUBECONFIG", "")
 	app, _, o := newApp()
 	addAnalyze(app, o.jobRules)
+	report.AddCommand(app, io.Discard, io.Discard)
 	var b strings.Builder
 	b.WriteString(beginFlags + "\n\n")
 	var global []*kingpin.FlagModel
