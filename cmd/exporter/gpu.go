@@ -102,17 +102,19 @@ func startDiscovery(ctx context.Context, client kubernetes.Interface, w *wiring,
 	if err != nil {
 		return nil, fmt.Errorf("gpu discovery: %w", err)
 	}
+	// Not waited for: the GPU part starts when the watch says the node has
+	// GPUs, and the join only reads what it has so far.
 	synced := make(chan bool, 1)
 	go func() { synced <- d.Run(ctx) }()
-	select {
-	case ok := <-synced:
-		if !ok {
-			return nil, fmt.Errorf("gpu discovery: informers did not sync: %w", ctx.Err())
+	go func() {
+		select {
+		case <-synced:
+		case <-ctx.Done():
+		case <-time.After(time.Minute):
+			// RBAC missing, API slow: the watch keeps trying.
+			w.logger.Warn("gpu discovery: this node's pods, node object or ResourceSlices not listed after a minute; check the RBAC (pods, nodes, resource.k8s.io resourceslices: get, list, watch)")
 		}
-	case <-time.After(time.Minute):
-		// RBAC missing, API slow: go on; the watch keeps trying.
-		w.logger.Warn("gpu discovery: this node's pods, node object or ResourceSlices not listed after a minute; check the RBAC (pods, nodes, resourceslices: get, list, watch)")
-	}
+	}()
 	return d, nil
 }
 
