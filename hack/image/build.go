@@ -15,6 +15,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
@@ -135,16 +136,25 @@ func Build(o Options) (*Result, error) {
 
 	idx := mutate.IndexMediaType(empty.Index, types.OCIImageIndex)
 	var images []v1.Image
-	for _, p := range o.Platforms {
+	// The platforms build at once: most of a warm build is linking, one core each.
+	bins := make([][]byte, len(o.Platforms))
+	errs := make([]error, len(o.Platforms))
+	var wg sync.WaitGroup
+	for i, p := range o.Platforms {
 		goos, goarch, ok := strings.Cut(p, "/")
 		if !ok {
 			return nil, fmt.Errorf("platform %q: want os/arch", p)
 		}
-		bin, err := goBuild(src, goos, goarch, o.Version, rev, created)
-		if err != nil {
-			return nil, err
-		}
-		// The binary beside the image too: the SBOM is made from it.
+		wg.Go(func() { bins[i], errs[i] = goBuild(src, goos, goarch, o.Version, rev, created) })
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	for i, p := range o.Platforms {
+		goos, goarch, _ := strings.Cut(p, "/")
+		bin := bins[i]
+		// The binaries beside the image too (release assets, inspection).
 		binDir := filepath.Join(o.Out, "bin", goos+"_"+goarch)
 		if err := os.MkdirAll(binDir, 0o755); err != nil {
 			return nil, err

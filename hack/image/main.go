@@ -7,7 +7,7 @@
 //	DIR/zonewatch-exporter_linux_ARCH.tar  `docker load` / `podman load` tarball per platform
 //	DIR/digest                           the index digest (sha256:...)
 //	DIR/version                          its version (the tag make push gives it)
-//	DIR/bin/linux_ARCH/zonewatch-exporter the binaries (the SBOM is made from them)
+//	DIR/bin/linux_ARCH/zonewatch-exporter the binaries
 //
 // The image is built from a commit (git archive), never from the working
 // tree, and every timestamp is the commit's (SOURCE_DATE_EPOCH): two builds of
