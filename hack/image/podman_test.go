@@ -6,10 +6,13 @@ import (
 	"io"
 	"net/http"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/google/go-containerregistry/pkg/v1/layout"
 
 	"github.com/zonewatch/zonewatch/internal/testenv"
 )
@@ -28,7 +31,7 @@ func TestPodman(t *testing.T) {
 	if err != nil {
 		t.Skip("podman not installed (Debian: apt-get install podman runc): the image is not run in a container")
 	}
-	res, _ := build(t)
+	res, dir := build(t)
 	var amd64 *PlatformResult
 	for i := range res.Platforms {
 		if res.Platforms[i].Platform == "linux/amd64" {
@@ -55,6 +58,23 @@ func TestPodman(t *testing.T) {
 	}
 	if !strings.Contains(string(out), "zonewatch-exporter, version "+res.Version) {
 		t.Errorf("--version in the container:\n%s", out)
+	}
+
+	// containers/image (podman's) reads the OCI layout too, and picks this
+	// machine's platform out of the index: the same config (the image ID).
+	ociRef := "oci:" + filepath.Join(dir, "oci") + ":" + res.Version
+	if out, err := exec.Command(podman, "pull", "-q", ociRef).CombinedOutput(); err != nil {
+		t.Errorf("podman pull %s: %v\n%s", ociRef, err, out)
+	} else {
+		id := strings.TrimSpace(string(out))
+		t.Cleanup(func() { _ = exec.Command(podman, "rmi", "-f", id).Run() })
+		want, err := amd64Config(dir, res)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.HasPrefix(want, id) {
+			t.Errorf("podman pull %s: image %s, want the amd64 config %s", ociRef, id, want)
+		}
 	}
 
 	port := testenv.FreePort(t)
@@ -114,4 +134,31 @@ func scrape(url string, within time.Duration) (string, error) {
 		case <-time.After(500 * time.Millisecond):
 		}
 	}
+}
+
+// amd64Config is the config digest (podman's image ID) of the amd64 image.
+func amd64Config(dir string, res *Result) (string, error) {
+	lp, err := layout.FromPath(filepath.Join(dir, "oci"))
+	if err != nil {
+		return "", err
+	}
+	idx, err := lp.ImageIndex()
+	if err != nil {
+		return "", err
+	}
+	inner, err := idx.ImageIndex(res.Digest)
+	if err != nil {
+		return "", err
+	}
+	for _, p := range res.Platforms {
+		if p.Platform == "linux/amd64" {
+			img, err := inner.Image(p.Digest)
+			if err != nil {
+				return "", err
+			}
+			h, err := img.ConfigName()
+			return h.Hex, err
+		}
+	}
+	return "", fmt.Errorf("no linux/amd64 image")
 }
