@@ -538,3 +538,36 @@ prometheusRule:
 		t.Errorf("prometheusRule.enabled=false still renders:\n%s", out)
 	}
 }
+
+// TestPageWithinSixMinutes keeps the shipped default's promise: the first
+// drop's counter needs two 30s scrapes (the chart's PodMonitor) and one 1m
+// rule evaluation (Prometheus' default) before the condition holds, then
+// for: runs (docs/runbooks.md, rules/tests/time_to_page_test.yml).
+func TestPageWithinSixMinutes(t *testing.T) {
+	const scrape, eval = 30 * time.Second, time.Minute
+	if worst := 2*scrape + eval + DefaultConfig().For.IdleGPUSplitJob; worst > 6*time.Minute {
+		t.Errorf("with for %s the page may come %s after the first drop, over 6m", DefaultConfig().For.IdleGPUSplitJob, worst)
+	}
+}
+
+// TestBlockedNeverWithPage checks that the blocked ticket's condition
+// excludes the page's whole condition, so both never fire for one job, and
+// that both read the drops between the job's own pods only.
+func TestBlockedNeverWithPage(t *testing.T) {
+	exprs := map[string]string{}
+	for _, r := range generate(t, DefaultConfig()) {
+		exprs[r.Alert] = r.Expr
+	}
+	page, blocked := exprs[AlertIdleGPUSplitJob], exprs[AlertBlockedSplitJob]
+	if page == "" || blocked == "" {
+		t.Fatal("page or blocked alert missing")
+	}
+	if !strings.Contains(strings.Join(strings.Fields(blocked), " "), "unless on (namespace, job_name) ( "+strings.Join(strings.Fields(page), " ")+" )") {
+		t.Errorf("%s does not exclude the page's condition:\n%s", AlertBlockedSplitJob, blocked)
+	}
+	for _, name := range []string{AlertIdleGPUSplitJob, AlertBlockedSplitJob} {
+		if !strings.Contains(exprs[name], RecOwnCrossZonePolicyDrops) || strings.Contains(exprs[name], RecPolicyDrops) {
+			t.Errorf("%s does not read the own-pods drops only:\n%s", name, exprs[name])
+		}
+	}
+}
