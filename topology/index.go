@@ -4,6 +4,7 @@ import (
 	"net/netip"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 )
@@ -100,6 +101,10 @@ type jobRec struct {
 	// there is one, rank-0 guesses are workers.
 	coordinators int
 	minPods      int // the largest MinPods of its pods
+	// placement is the job's placement as last built (nil: stale). It is
+	// dropped under the write lock whenever one of its pods or the zone of
+	// a node it runs on changes, and rebuilt lazily under the read lock.
+	placement atomic.Pointer[JobPlacement]
 }
 
 // explicitCoordinator reports whether the pod is a live coordinator by name or label.
@@ -136,6 +141,10 @@ type Index struct {
 	pods     map[podKey]*podRec
 	podIPs   map[netip.Addr]*podRec
 	jobs     map[jobKey]*jobRec
+	// nodeJobs is the per-node view: for each node, the jobs with
+	// scheduled pods there and how many. It makes Placements(node) cost
+	// O(this node's jobs and their pods), whatever the cluster size.
+	nodeJobs map[string]map[jobKey]int
 
 	generation atomic.Uint64
 }
@@ -143,12 +152,13 @@ type Index struct {
 // NewIndex returns an empty index.
 func NewIndex() *Index {
 	return &Index{
-		nodes:   map[string]*nodeRec{},
-		nodeIPs: map[netip.Addr]*nodeRec{},
-		cidrs:   map[netip.Prefix]*nodeRec{},
-		pods:    map[podKey]*podRec{},
-		podIPs:  map[netip.Addr]*podRec{},
-		jobs:    map[jobKey]*jobRec{},
+		nodes:    map[string]*nodeRec{},
+		nodeIPs:  map[netip.Addr]*nodeRec{},
+		cidrs:    map[netip.Prefix]*nodeRec{},
+		pods:     map[podKey]*podRec{},
+		podIPs:   map[netip.Addr]*podRec{},
+		jobs:     map[jobKey]*jobRec{},
+		nodeJobs: map[string]map[jobKey]int{},
 	}
 }
 
@@ -156,10 +166,20 @@ func NewIndex() *Index {
 // work when nothing moved.
 func (x *Index) Generation() uint64 { return x.generation.Load() }
 
-// UpsertNode adds or replaces a node.
+// UpsertNode adds or replaces a node. An update that changes nothing the
+// index keeps (a node status heartbeat) is not a change: the generation
+// stays.
 func (x *Index) UpsertNode(n Node) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
+	old := x.nodes[n.Name]
+	if old != nil && old.Zone == n.Zone && old.Region == n.Region &&
+		slices.Equal(old.Addresses, n.Addresses) && slices.Equal(old.PodCIDRs, n.PodCIDRs) {
+		return
+	}
+	if old == nil || old.Zone != n.Zone || old.Region != n.Region {
+		x.invalidateNodeLocked(n.Name)
+	}
 	x.deleteNodeLocked(n.Name)
 	rec := &nodeRec{Node: n, zone: n.Zone}
 	if rec.zone == "" {
@@ -185,8 +205,19 @@ func (x *Index) UpsertNode(n Node) {
 func (x *Index) DeleteNode(name string) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
+	x.invalidateNodeLocked(name)
 	x.deleteNodeLocked(name)
 	x.generation.Add(1)
+}
+
+// invalidateNodeLocked drops the cached placement of every job with a
+// scheduled pod on the node (its zone is about to change).
+func (x *Index) invalidateNodeLocked(name string) {
+	for jk := range x.nodeJobs[name] {
+		if j := x.jobs[jk]; j != nil {
+			j.placement.Store(nil)
+		}
+	}
 }
 
 func (x *Index) deleteNodeLocked(name string) {
@@ -215,6 +246,10 @@ func (x *Index) UpsertPod(source int, p Pod) {
 	k := podKey{p.Namespace, p.Name}
 	sources := uint64(1) << source
 	if old := x.pods[k]; old != nil {
+		if samePod(&old.Pod, &p) {
+			old.sources |= sources
+			return
+		}
 		sources |= old.sources
 		x.removePodLocked(old)
 	}
@@ -233,20 +268,29 @@ func (x *Index) UpsertPod(source int, p Pod) {
 	case j.Kind != p.Identity.Kind:
 		// The kind became known (its owner arrived): a new record, since
 		// consumers hold the old *Job without the lock.
-		nj := *j
+		nj := &jobRec{Job: j.Job, pods: j.pods, coordinators: j.coordinators, minPods: j.minPods}
 		nj.Kind = p.Identity.Kind
 		for _, o := range nj.pods {
-			o.job = &nj
+			o.job = nj
 		}
-		j = &nj
+		j = nj
 		x.jobs[jk] = j
 	}
+	j.placement.Store(nil)
 	j.pods[k] = rec
 	rec.job = j
 	if p.explicitCoordinator() {
 		j.coordinators++
 	}
 	j.minPods = max(j.minPods, p.Identity.MinPods)
+	if rec.Scheduled() {
+		m := x.nodeJobs[p.Node]
+		if m == nil {
+			m = map[jobKey]int{}
+			x.nodeJobs[p.Node] = m
+		}
+		m[jk]++
+	}
 	if !p.Finished && !p.HostNetwork {
 		for _, a := range p.IPs {
 			x.podIPs[a.Unmap()] = rec
@@ -280,6 +324,18 @@ func (x *Index) removePodLocked(rec *podRec) {
 		}
 	}
 	if j := rec.job; j != nil {
+		j.placement.Store(nil)
+		if rec.Scheduled() {
+			jk := jobKey{j.Namespace, j.Name}
+			if m := x.nodeJobs[rec.Node]; m != nil {
+				if m[jk]--; m[jk] <= 0 {
+					delete(m, jk)
+				}
+				if len(m) == 0 {
+					delete(x.nodeJobs, rec.Node)
+				}
+			}
+		}
 		delete(j.pods, k)
 		if rec.explicitCoordinator() {
 			j.coordinators--
@@ -288,6 +344,13 @@ func (x *Index) removePodLocked(rec *podRec) {
 			delete(x.jobs, jobKey{j.Namespace, j.Name})
 		}
 	}
+}
+
+// samePod reports whether an update changes nothing the index keeps.
+func samePod(a, b *Pod) bool {
+	return a.Namespace == b.Namespace && a.Name == b.Name && a.Node == b.Node &&
+		a.Finished == b.Finished && a.Terminating == b.Terminating && a.HostNetwork == b.HostNetwork &&
+		a.Identity == b.Identity && slices.Equal(a.IPs, b.IPs)
 }
 
 // LookupIP places an IP: a job pod, else a node address or pod CIDR (a
@@ -372,6 +435,9 @@ type JobPlacement struct {
 	Job   Job
 	Zones []string // distinct known zones of scheduled pods, sorted
 	Pods  []PodPlacement
+	// Version is the index generation the placement was built at: two
+	// placements of a job with the same Version are the same.
+	Version uint64
 }
 
 // Split reports whether the job's scheduled pods span more than one zone.
@@ -379,53 +445,75 @@ func (j *JobPlacement) Split() bool { return len(j.Zones) > 1 }
 
 // Placements returns every job with at least one scheduled pod on node
 // (every job with a scheduled pod when node is empty), sorted by namespace
-// and name. Pods lists all the job's scheduled pods cluster-wide.
+// and name. Pods lists all the job's scheduled pods cluster-wide. For one
+// node it costs O(the jobs on that node and their pods): the per-node view
+// is kept up to date by the upserts. Each job's placement is built once per
+// change and shared: callers must not modify the slices; Version tells two
+// builds apart.
 func (x *Index) Placements(node string) []JobPlacement {
 	x.mu.RLock()
 	defer x.mu.RUnlock()
 	var out []JobPlacement
-	for _, j := range x.jobs {
+	add := func(j *jobRec) {
 		if !j.training() {
-			continue
+			return
 		}
-		local := node == ""
-		for _, p := range j.pods {
-			if p.Scheduled() && p.Node == node {
-				local = true
-				break
-			}
+		if jp := x.placementLocked(j); jp != nil {
+			out = append(out, *jp)
 		}
-		if !local {
-			continue
-		}
-		jp := JobPlacement{Job: j.Job}
-		for _, p := range j.pods {
-			if !p.Scheduled() {
-				continue
-			}
-			zone := UnknownZone
-			if n := x.nodes[p.Node]; n != nil {
-				zone = n.zone
-			}
-			jp.Pods = append(jp.Pods, PodPlacement{Pod: p.Name, Role: j.role(p), ReplicaType: p.Identity.ReplicaType, Node: p.Node, Zone: zone})
-			if zone != UnknownZone && !slices.Contains(jp.Zones, zone) {
-				jp.Zones = append(jp.Zones, zone)
-			}
-		}
-		if len(jp.Pods) == 0 {
-			continue
-		}
-		sort.Strings(jp.Zones)
-		sort.Slice(jp.Pods, func(a, b int) bool { return jp.Pods[a].Pod < jp.Pods[b].Pod })
-		out = append(out, jp)
 	}
-	sort.Slice(out, func(a, b int) bool {
-		if out[a].Job.Namespace != out[b].Job.Namespace {
-			return out[a].Job.Namespace < out[b].Job.Namespace
+	if node == "" {
+		out = make([]JobPlacement, 0, len(x.jobs))
+		for _, j := range x.jobs {
+			add(j)
 		}
-		return out[a].Job.Name < out[b].Job.Name
+	} else {
+		for jk := range x.nodeJobs[node] {
+			if j := x.jobs[jk]; j != nil {
+				add(j)
+			}
+		}
+	}
+	slices.SortFunc(out, func(a, b JobPlacement) int {
+		if a.Job.Namespace != b.Job.Namespace {
+			return strings.Compare(a.Job.Namespace, b.Job.Namespace)
+		}
+		return strings.Compare(a.Job.Name, b.Job.Name)
 	})
 	return out
+}
+
+// placementLocked returns the job's cached placement, building it when
+// stale; nil when the job has no scheduled pod. Concurrent readers may
+// build it twice, with the same result.
+func (x *Index) placementLocked(j *jobRec) *JobPlacement {
+	if jp := j.placement.Load(); jp != nil {
+		if len(jp.Pods) == 0 {
+			return nil
+		}
+		return jp
+	}
+	jp := &JobPlacement{Job: j.Job, Version: x.generation.Load()}
+	for _, p := range j.pods {
+		if !p.Scheduled() {
+			continue
+		}
+		zone := UnknownZone
+		if n := x.nodes[p.Node]; n != nil {
+			zone = n.zone
+		}
+		jp.Pods = append(jp.Pods, PodPlacement{Pod: p.Name, Role: j.role(p), ReplicaType: p.Identity.ReplicaType, Node: p.Node, Zone: zone})
+		if zone != UnknownZone && !slices.Contains(jp.Zones, zone) {
+			jp.Zones = append(jp.Zones, zone)
+		}
+	}
+	sort.Strings(jp.Zones)
+	slices.SortFunc(jp.Pods, func(a, b PodPlacement) int { return strings.Compare(a.Pod, b.Pod) })
+	j.placement.Store(jp)
+	if len(jp.Pods) == 0 {
+		return nil
+	}
+	return jp
 }
 
 // Counts returns the number of nodes, job pods and jobs held.
