@@ -157,6 +157,7 @@ func startExporterWithoutGPU(t *testing.T, bin, dir, kubeconfig string, f *nodeF
 		"--web.listen-address="+addr,
 		"--hubble.address=unix://"+f.hubbleSock,
 		"--gpu.source=none",
+		"--no-probe.enabled",
 		"--conntrack.bpffs-path="+f.bpfDir,
 		"--conntrack.poll-interval=1s",
 		"--conntrack.layout=combined",

@@ -286,6 +286,7 @@ func TestEndToEnd(t *testing.T) {
 
 	t.Run("cost recording rules", func(t *testing.T) {
 		costRecordingRules(t, w, p, cfg, trafficStart)
+		t.Run("cost report", func(t *testing.T) { costReport(t, w, p, cfg) })
 	})
 
 	t.Run("only the expected alerts", func(t *testing.T) {

@@ -67,7 +67,7 @@ func TestGPUOperatorDefaults(t *testing.T) {
 	start := func(node string, extra ...string) exporter {
 		addr := exporterAddr(t, node)
 		args := append([]string{"--node-name=" + node, "--kubeconfig=" + api.Kubeconfig, "--web.listen-address=" + addr,
-			"--no-hubble.enabled", "--no-conntrack.enabled", "--gpu.interval=2s"}, extra...)
+			"--no-hubble.enabled", "--no-conntrack.enabled", "--no-probe.enabled", "--gpu.interval=2s"}, extra...)
 		testenv.Start(t, dir, "exporter-"+node, bin, args...)
 		return exporter{node: node, addr: addr}
 	}

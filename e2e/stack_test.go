@@ -166,7 +166,7 @@ type exporter struct {
 func startExporter(t *testing.T, bin, dir, kubeconfig, gpuPageURL string, f *nodeFakes) exporter {
 	t.Helper()
 	addr := exporterAddr(t, f.name) // its pod's IP (operator_test.go)
-	testenv.Start(t, dir, "exporter-"+f.name, bin,
+	testenv.Start(t, dir, "exporter-"+f.name, bin, append(probeArgs(t, addr),
 		"--node-name="+f.name,
 		"--kubeconfig="+kubeconfig,
 		"--web.listen-address="+addr,
@@ -181,7 +181,7 @@ func startExporter(t *testing.T, bin, dir, kubeconfig, gpuPageURL string, f *nod
 		// The fakes write Cilium 1.16+ entries; saying so keeps the source
 		// up from the first poll (auto decides after a few polls).
 		"--conntrack.layout=combined",
-	)
+	)...)
 	return exporter{node: f.name, addr: addr}
 }
 

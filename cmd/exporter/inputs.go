@@ -9,6 +9,7 @@ import (
 	"github.com/zonewatch/zonewatch/collector/conntrack"
 	"github.com/zonewatch/zonewatch/collector/gpu"
 	"github.com/zonewatch/zonewatch/collector/hubble"
+	"github.com/zonewatch/zonewatch/collector/probe"
 )
 
 // inputs are the systems the exporter reads. They are built once, from the
@@ -24,6 +25,17 @@ type inputs struct {
 	gpu    gpuInput
 	// conntrack opens Cilium's global CT maps.
 	conntrack conntrack.Source
+	// probe says whom the prober measures; zero: this node's exporter
+	// probing the exporter pods the API lists.
+	probe probeInput
+}
+
+// probeInput is what the probe part measures from and to.
+type probeInput struct {
+	// node measures; empty: --node-name.
+	node string
+	// peers lists the exporters to probe; nil: the exporter pods by label.
+	peers probe.Peers
 }
 
 // gpuInput is how the GPU part finds its source and the kubelet.

@@ -11,6 +11,7 @@ import (
 	"github.com/zonewatch/zonewatch/collector/conntrack"
 	"github.com/zonewatch/zonewatch/collector/gpu"
 	"github.com/zonewatch/zonewatch/collector/hubble"
+	"github.com/zonewatch/zonewatch/collector/probe"
 	"github.com/zonewatch/zonewatch/sim"
 )
 
@@ -70,6 +71,18 @@ func simulate(ctx context.Context, o *options, logger *slog.Logger) (in *inputs,
 	}
 
 	in.conntrack = s.ConntrackSource(node, conntrack.LayoutCombined, time.Now())
+
+	// Peer exporters on the other nodes, cross-zone ones a little farther.
+	from, peers, err := s.ProbePeers(ctx, node)
+	if err != nil {
+		return nil, nil, fmt.Errorf("starting the simulated probe peers: %w", err)
+	}
+	in.probe = probeInput{node: from, peers: staticPeers(peers)}
 	logger.Info("running on the simulated cluster", "zones", len(s.Zones), "nodes", len(s.Nodes), "jobs", len(s.Jobs))
 	return in, stop, nil
 }
+
+// staticPeers is a fixed peer list.
+type staticPeers []probe.Peer
+
+func (s staticPeers) Peers() []probe.Peer { return s }
