@@ -78,6 +78,7 @@ type ForDurations struct {
 	CrossZoneSlowdown     time.Duration
 	CrossZoneCost         time.Duration
 	SplitZonePlacement    time.Duration
+	SplitJobTrafficUnseen time.Duration
 	ExporterDown          time.Duration
 	ExporterAbsent        time.Duration
 	HubbleDisconnected    time.Duration
@@ -117,6 +118,7 @@ func DefaultConfig() Config {
 			CrossZoneSlowdown:     30 * time.Minute,
 			CrossZoneCost:         time.Hour,
 			SplitZonePlacement:    15 * time.Minute,
+			SplitJobTrafficUnseen: 15 * time.Minute, // three 5m windows without one flow between its pods
 			ExporterDown:          15 * time.Minute,
 			ExporterAbsent:        15 * time.Minute,
 			HubbleDisconnected:    10 * time.Minute,
@@ -182,6 +184,7 @@ func (f ForDurations) list() []namedDuration {
 		{"crossZoneSlowdown", f.CrossZoneSlowdown},
 		{"crossZoneCost", f.CrossZoneCost},
 		{"splitZonePlacement", f.SplitZonePlacement},
+		{"splitJobTrafficUnseen", f.SplitJobTrafficUnseen},
 		{"exporterDown", f.ExporterDown},
 		{"exporterAbsent", f.ExporterAbsent},
 		{"hubbleDisconnected", f.HubbleDisconnected},

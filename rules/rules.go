@@ -58,6 +58,21 @@ const (
 	RecCrossZoneCost          = "namespace_job_name:zonewatch_cross_zone_cost_dollars_per_hour:rate5m"
 	RecNamespaceCrossZoneCost = "namespace:zonewatch_cross_zone_cost_dollars_per_hour:rate5m"
 	RecSplitIdleGPUCost       = "namespace_job_name:zonewatch_split_idle_gpu_cost_dollars_per_hour:sum"
+	// RecZonePairRTT is the probe round trip between two zones (src_zone
+	// == dst_zone inside a zone), one series per quantile label (0.5,
+	// 0.9), from native or classic histogram buckets alike.
+	RecZonePairRTT = "src_zone_dst_zone_quantile:zonewatch_zone_rtt_seconds:histogram_quantile"
+	// RecZoneRTT is the in-zone round trip (the baseline) by zone.
+	RecZoneRTT = "zone_quantile:zonewatch_zone_rtt_seconds:histogram_quantile"
+	// RecJobZonePairRTT: the p50 RTT of each zone pair the job's own pods'
+	// cross-zone flows (peer="job") cross, the job's exposure.
+	RecJobZonePairRTT = "namespace_job_name_src_zone_dst_zone:zonewatch_zone_rtt_seconds:p50"
+	// RecJobInZoneRTT: the in-zone p50 of the job's zones (their average),
+	// what the same collectives would pay in one zone.
+	RecJobInZoneRTT = "namespace_job_name:zonewatch_zone_rtt_in_zone_seconds:p50"
+	// RecJobUnseenNetwork: a split job with busy GPUs whose pods exchange
+	// no flow Hubble sees; value: the GPU busy ratio.
+	RecJobUnseenNetwork = "namespace_job_name:zonewatch_job_unseen_network_gpu_busy_ratio:avg"
 )
 
 // Alert names.
@@ -68,6 +83,7 @@ const (
 	AlertCrossZoneSlowdown     = "ZonewatchCrossZoneSlowdown"
 	AlertCrossZoneCost         = "ZonewatchCrossZoneCost"
 	AlertSplitZonePlacement    = "ZonewatchSplitZonePlacement"
+	AlertSplitJobTrafficUnseen = "ZonewatchSplitJobTrafficUnseen"
 	AlertExporterDown          = "ZonewatchExporterDown"
 	AlertExporterAbsent        = "ZonewatchExporterAbsent"
 	AlertHubbleDisconnected    = "ZonewatchHubbleDisconnected"
@@ -130,6 +146,9 @@ var (
 	jobBytes       = `{{ with query ` + perJob(RecCrossZoneBytes) + ` }}{{ . | first | value | humanize }}B/s{{ else }}{{ with query ` + perJob(RecCrossZoneFlowEvents) + ` }}{{ . | first | value | printf "%.2f" }} flow events/s, bytes not measured{{ end }}{{ end }}`
 	jobIdleGPUCost = `{{ with query ` + perJob(RecSplitIdleGPUCost) + ` }}; its idle GPUs cost ${{ . | first | value | printf "%.2f" }} an hour{{ end }}`
 	jobPeerDrops   = `{{ range $i, $s := query ` + perJob(RecPeerPolicyDrops) + ` | sortByLabel "policy" | sortByLabel "peer_workload" | sortByLabel "peer_namespace" | sortByLabel "peer" }}{{ if $i }}; {{ end }}{{ with $s.Labels.peer_workload }}{{ $s.Labels.peer_namespace }}/{{ . }}{{ else }}unnamed {{ $s.Labels.peer }} peers{{ end }} denied by {{ with $s.Labels.policy }}policy {{ . }}{{ else }}an unnamed policy{{ end }}, {{ $s.Value | printf "%.2f" }} drops/s{{ end }}`
+	// The zone pairs the job's own flows cross with their probe RTT, and
+	// the in-zone baseline; empty where the exporters do not probe.
+	jobRTT         = `{{ with query ` + perJob(RecJobZonePairRTT) + ` }} It crosses {{ range $i, $s := . | sortByLabel "dst_zone" | sortByLabel "src_zone" }}{{ if $i }}, {{ end }}{{ $s.Labels.src_zone }} -> {{ $s.Labels.dst_zone }} at {{ $s.Value | humanizeDuration }} p50{{ end }}{{ with query ` + perJob(RecJobInZoneRTT) + ` }} vs {{ . | first | value | humanizeDuration }} inside a zone{{ end }}.{{ end }}`
 	activitySignal = `{{ with query ` + perJob(RecGPUActivity) + ` }}{{ . | first | label "signal" }}{{ end }}`
 	jobBusy        = `{{ with query ` + perJob(RecGPUBusy) + ` }}Its GPUs are not idle ({{ . | first | value | humanizePercentage }} busy): NCCL kernels spinning on the blocked network keep GPU_UTIL up while nothing trains.{{ else }}zonewatch sees no GPU activity for it: no GPU telemetry, or the GPU source is off or down.{{ end }}`
 )
@@ -169,6 +188,27 @@ unless on (` + byJob + `) (
 and on (` + byJob + `) (` + condSplit + `)
 unless on (` + byJob + `) (
 ` + indent(condIdleGPUSplitJob) + `
+)`
+	// Hubble is connected on every node of the job that reports it: no
+	// flows there means none, not a source that is down.
+	condHubbleSeesJob = `group by (` + byJob + `) (
+  zonewatch_job_pod_info` + sel() + ` and on (` + byInstance + `) (zonewatch_source_up` + sel(`source="hubble"`) + ` == 1)
+)
+unless on (` + byJob + `) group by (` + byJob + `) (
+  zonewatch_job_pod_info` + sel() + ` and on (` + byInstance + `) (zonewatch_source_up` + sel(`source="hubble"`) + ` == 0)
+)`
+	// Value: RecGPUBusy. Split, GPUs not idle, Hubble up, yet no flow
+	// between the job's own pods in any zone or verdict: its collectives
+	// use a network Cilium does not see. Bytes carry no peer label, so
+	// the flows (and drops) decide.
+	condUnseenNetwork = RecGPUBusy + ` > ` + tok("idleGPUUtilization") + `
+and on (` + byJob + `) (` + condSplit + `)
+and on (` + byJob + `) (
+` + indent(condHubbleSeesJob) + `
+)
+unless on (` + byJob + `) (
+  sum by (` + byJob + `) (rate(zonewatch_job_flow_events_total` + sel(`peer="job"`) + `[5m])) > 0
+  or sum by (` + byJob + `) (rate(zonewatch_job_policy_drops_total` + sel(`peer="job"`) + `[5m])) > 0
 )`
 	// Value: the drop rate toward peers outside the job.
 	condPeerDrops = `sum by (` + byJob + `) (` + RecPeerPolicyDrops + `) > ` + tok("dropRate") + `
@@ -253,6 +293,30 @@ or ` + RecGPUTensorActive)},
 		// bytes/s * $/GB (by locality) * 3600 s/h / 1e9 B/GB
 		{Record: RecCrossZoneCost, Expr: block(`sum by (` + byJob + `) (` + RecLocalityBytes + ` * on (locality) group_left ` + RecTransferPrice + `) * 3600 / 1e9`)},
 		{Record: RecNamespaceCrossZoneCost, Expr: block(`sum by (namespace` + tClusterBy + `) (` + RecCrossZoneCost + `)`)},
+		// Native histograms where scraped, else the classic buckets.
+		zonePairRTT("0.5"),
+		zonePairRTT("0.9"),
+		// The pairs with src_zone == dst_zone: label_replace makes the
+		// in-zone pair of each source zone to match on.
+		{Record: RecZoneRTT, Expr: block(`max without (src_zone, dst_zone) (
+  label_replace(
+    ` + RecZonePairRTT + `
+    and on (src_zone, dst_zone` + tClusterBy + `)
+      label_replace(group by (src_zone` + tClusterBy + `) (` + RecZonePairRTT + `), "dst_zone", "$1", "src_zone", "(.*)"),
+    "zone", "$1", "src_zone", "(.*)"
+  )
+)`)},
+		{Record: RecJobZonePairRTT, Expr: block(`group by (namespace, job_name, src_zone, dst_zone` + tClusterBy + `) (
+  rate(zonewatch_job_flow_events_total` + sel(crossZone, `peer="job"`) + `[5m]) > 0
+)
+* on (src_zone, dst_zone` + tClusterBy + `) group_left ()
+  ` + RecZonePairRTT + `{quantile="0.5"}`)},
+		{Record: RecJobInZoneRTT, Expr: block(`avg by (` + byJob + `) (
+  group by (namespace, job_name, zone` + tClusterBy + `) (` + RecJobPods + `)
+  * on (zone` + tClusterBy + `) group_left ()
+    ` + RecZoneRTT + `{quantile="0.5"}
+)`)},
+		{Record: RecJobUnseenNetwork, Expr: block(condUnseenNetwork)},
 		// Per GPU, the ratio condIdle reads, in the same order.
 		{Record: RecSplitIdleGPUCost, Expr: block(`count by (` + byJob + `) (
   (
@@ -271,7 +335,7 @@ or ` + RecGPUTensorActive)},
 			jobName+` is split across zones (`+jobZones+`) and Cilium drops traffic between its own pods across zones (`+jobDrops+`): it cannot make progress. `+jobBusy+` The idle-GPU page cannot fire for it; this ticket stands in.`),
 		alertRule(AlertCrossZoneSlowdown, "warning", "crossZoneSlowdown", condSlowdown,
 			"A training job split across zones is slowed down by cross-zone traffic.",
-			jobName+` is split across zones (`+jobZones+`) and its traffic crosses zones (`+jobBytes+`) without policy drops between its pods. Its GPU activity averages {{ $value | humanizePercentage }} (`+activitySignal+`): collectives are likely waiting on the inter-zone round trip.`),
+			jobName+` is split across zones (`+jobZones+`) and its traffic crosses zones (`+jobBytes+`) without policy drops between its pods. Its GPU activity averages {{ $value | humanizePercentage }} (`+activitySignal+`): collectives are likely waiting on the inter-zone round trip.`+jobRTT),
 		alertRule(AlertPeerPolicyDrops, "info", "peerPolicyDrops", condPeerDrops,
 			"Cilium drops a split training job's cross-zone traffic with peers outside the job.",
 			jobName+` is split across zones (`+jobZones+`) and Cilium drops its cross-zone traffic with peers outside the job (`+jobPeerDrops+`). Co-locating the job does not fix these drops: the policy, or the peer's zone, does.`),
@@ -292,6 +356,9 @@ unless on (`+byJob+`) (
 )`,
 			"A GPU training job runs across zones.",
 			jobName+` has pods in more than one zone (`+jobZones+`). No blocked traffic or slowdown is visible yet, but its collectives cross zones: constrain the job to one zone.`),
+		alertRule(AlertSplitJobTrafficUnseen, "info", "splitJobTrafficUnseen", RecJobUnseenNetwork,
+			"A busy training job split across zones exchanges no traffic between its pods that Cilium sees.",
+			jobName+` is split across zones (`+jobZones+`) and its GPUs are {{ $value | humanizePercentage }} busy, yet Hubble, connected on its nodes, sees no flow between its pods in any zone. Its collectives most likely run over RDMA (EFA, InfiniBand, RoCE) or a secondary network that Cilium does not see: the absence of policy drops and cross-zone bytes does not mean it is healthy, and zonewatch cannot measure what its zone hop costs.`),
 	}}
 
 	health := group{Name: "zonewatch.health", Rules: []rule{
@@ -328,6 +395,14 @@ unless on (`+byJob+`) (
 			`zonewatch on node {{ $labels.node }} ({{ $labels.instance }}) cannot read Cilium's conntrack byte counters while Hubble sees {{ $value | printf "%.2f" }} cross-zone flow events/s there: cross-zone bytes and their cost are not measured. Turn conntrack accounting on the way the node's Cilium version needs: 1.17 and later, Helm bpf.ctAccounting=true (agent flag --bpf-conntrack-accounting) and restart the agents; 1.16, cilium-dbg config ConntrackAccounting=Enabled in every agent pod, again after every agent restart; 1.14/1.15 count by default (if someone disabled it, the same command). The exporter's log on that node names the way for what it sees.`),
 	}}
 	return []group{recording, jobs, health}
+}
+
+// zonePairRTT records quantile q of the probe RTT by zone pair: the native
+// histogram's, or where only classic buckets are scraped, theirs.
+func zonePairRTT(q string) rule {
+	return rule{Record: RecZonePairRTT, Labels: map[string]string{"quantile": q}, Expr: block(`histogram_quantile(` + q + `, sum by (src_zone, dst_zone` + tClusterBy + `) (rate(zonewatch_zone_rtt_seconds` + sel() + `[5m])))
+or
+histogram_quantile(` + q + `, sum by (src_zone, dst_zone, le` + tClusterBy + `) (rate(zonewatch_zone_rtt_seconds_bucket` + sel() + `[5m])))`)}
 }
 
 // gpuRatios is every per-GPU ratio, in condIdle's order: a GPU counts once

@@ -163,7 +163,7 @@ func TestShortForDurations(t *testing.T) {
 		CrossZoneSlowdown: 6 * time.Second, CrossZoneCost: 7 * time.Second,
 		SplitZonePlacement: 8 * time.Second, ExporterDown: 9 * time.Second, ExporterAbsent: 10 * time.Second,
 		HubbleDisconnected: 11 * time.Second, HubbleLostEvents: 12 * time.Second, GPUSourceDown: 13 * time.Second,
-		ByteSourceUnavailable: 1500 * time.Millisecond,
+		ByteSourceUnavailable: 1500 * time.Millisecond, SplitJobTrafficUnseen: 16 * time.Second,
 	}
 	got := map[string]string{}
 	for _, r := range generate(t, cfg) {
@@ -176,7 +176,7 @@ func TestShortForDurations(t *testing.T) {
 		AlertCrossZoneSlowdown: "6s", AlertCrossZoneCost: "7s",
 		AlertSplitZonePlacement: "8s", AlertExporterDown: "9s", AlertExporterAbsent: "10s",
 		AlertHubbleDisconnected: "11s", AlertHubbleLostEvents: "12s", AlertGPUSourceDown: "13s",
-		AlertByteSourceUnavailable: "1s500ms",
+		AlertByteSourceUnavailable: "1s500ms", AlertSplitJobTrafficUnseen: "16s",
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("for durations = %v, want %v", got, want)
@@ -296,8 +296,8 @@ func TestConventions(t *testing.T) {
 			t.Errorf("%s: runbook_url %q does not point at a section of docs/runbooks.md", r.Alert, url)
 		}
 	}
-	if alerts != 12 {
-		t.Errorf("%d alerts, want 12", alerts)
+	if alerts != 13 {
+		t.Errorf("%d alerts, want 13", alerts)
 	}
 	for _, name := range []string{
 		"namespace_job_name:zonewatch_job_zones:max",
