@@ -230,6 +230,10 @@ var variants = []variant{
 		noArgPrefix(t, c, "--gpu.dcgm-exporter-url")
 		wantHostPaths(t, spec, "/var/run/cilium", "/sys/fs/bpf")
 	}},
+	{"gpu dcgm-exporter on the host network, other labels", "gpu: {dcgmExporterURL: 'http://$(HOST_IP):9400/metrics', dcgmExporterSelectors: [app=my-dcgm-exporter]}", func(t *testing.T, _ []*unstructured.Unstructured, _ string, spec *corev1.PodSpec) {
+		c := &spec.Containers[0]
+		wantArgs(t, c, "--gpu.source=auto", "--gpu.dcgm-exporter-url=http://$(HOST_IP):9400/metrics", "--gpu.dcgm-exporter-selector=app=my-dcgm-exporter")
+	}},
 	{"conntrack off", "conntrack: {enabled: false}", func(t *testing.T, _ []*unstructured.Unstructured, _ string, spec *corev1.PodSpec) {
 		c := &spec.Containers[0]
 		wantArgs(t, c, "--no-conntrack.enabled")
