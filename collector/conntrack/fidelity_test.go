@@ -1,8 +1,10 @@
 package conntrack_test
 
 import (
+	"fmt"
 	"log/slog"
 	"net/netip"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -393,5 +395,43 @@ func TestNearlyFullMapReported(t *testing.T) {
 	}
 	if n := strings.Count(logs.String(), "conntrack map nearly full"); n != 1 {
 		t.Fatalf("nearly full logged %d times, want once:\n%s", n, logs)
+	}
+}
+
+// TestDocsPerVersionTable: docs/conntrack.md has a row for every Cilium
+// version from 1.14 to 1.20, naming the switch EnableAdvice gives for it.
+func TestDocsPerVersionTable(t *testing.T) {
+	b, err := os.ReadFile("../../docs/conntrack.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows := map[string]string{}
+	for _, line := range strings.Split(string(b), "\n") {
+		if cells := strings.Split(line, " | "); len(cells) == 5 && strings.HasPrefix(cells[0], "| 1.") {
+			rows[strings.TrimPrefix(cells[0], "| ")] = line
+		}
+	}
+	for minor := 14; minor <= 20; minor++ {
+		v := fmt.Sprintf("1.%d", minor)
+		row, ok := rows[v]
+		if !ok {
+			t.Errorf("docs/conntrack.md: no row for Cilium %s", v)
+			continue
+		}
+		advice := conntrack.EnableAdvice(v+".0", conntrack.LayoutAuto)
+		switch {
+		case minor <= 15:
+			if !strings.Contains(row, "**on**") || !strings.Contains(advice, "counts by default") {
+				t.Errorf("Cilium %s: docs and advice disagree that it counts by default:\n%s\n%s", v, row, advice)
+			}
+		case minor == 16:
+			if !strings.Contains(row, "ConntrackAccounting=Enabled") || !strings.Contains(advice, "ConntrackAccounting=Enabled") {
+				t.Errorf("Cilium 1.16: docs and advice do not both name the runtime option:\n%s\n%s", row, advice)
+			}
+		default:
+			if !strings.Contains(advice, "bpf.ctAccounting=true") || strings.Contains(row, "**on**") {
+				t.Errorf("Cilium %s: advice %q", v, advice)
+			}
+		}
 	}
 }
