@@ -323,3 +323,20 @@ func fileSum(t *testing.T, path string) string {
 	}
 	return hex.EncodeToString(h.Sum(nil))
 }
+
+// TestExporterDoesNotLinkTheBuilder: go-containerregistry and the fallback
+// roots are the image builder's; the exporter binary links neither.
+func TestExporterDoesNotLinkTheBuilder(t *testing.T) {
+	cmd := exec.Command("go", "list", "-deps", "./cmd/exporter")
+	cmd.Dir = repoRoot(t)
+	cmd.Env = append(os.Environ(), "GOOS=linux", "CGO_ENABLED=0")
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	for _, pkg := range strings.Fields(string(out)) {
+		if strings.HasPrefix(pkg, "github.com/google/go-containerregistry") || strings.HasPrefix(pkg, "golang.org/x/crypto/x509roots") {
+			t.Errorf("the exporter links %s", pkg)
+		}
+	}
+}
