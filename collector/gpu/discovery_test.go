@@ -133,6 +133,7 @@ func startDiscovery(t *testing.T, c kubernetes.Interface, o gpu.DiscoveryOptions
 // replaces the pod with one at a new IP. The pod IPs are loopback
 // addresses where the test serves dcgm-exporter 4.x pages.
 func TestDiscoveryFindsAndFollowsOperatorDCGMExporter(t *testing.T) {
+	testenv.Integration(t)
 	api := testenv.StartAPIServer(t)
 	c := kubernetes.NewForConfigOrDie(api.Config)
 	ctx := context.Background()
@@ -221,6 +222,7 @@ func TestDiscoveryFindsAndFollowsOperatorDCGMExporter(t *testing.T) {
 // UUID through the ResourceSlice the NVIDIA DRA driver published for this
 // node; the GPU gets its job. A finished pod keeps no GPU.
 func TestDRAGPUGetsItsJobThroughResourceSlice(t *testing.T) {
+	testenv.Integration(t)
 	api := testenv.StartAPIServer(t)
 	c := kubernetes.NewForConfigOrDie(api.Config)
 	ctx := context.Background()
