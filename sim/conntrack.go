@@ -21,7 +21,12 @@ type CTEntry struct {
 	Ingress bool
 	// Service: a load-balancer entry (TUPLE_F_SERVICE), which tracks no
 	// connection of its own.
-	Service                   bool
+	Service bool
+	// Related: the ICMP entry (TUPLE_F_RELATED, ports 0) that ct_create4
+	// writes next to every new connection's entry so that ICMP errors about
+	// it pass; its counters are the connection's first packet up to 1.15
+	// and zero from 1.16 (bpf/lib/conntrack.h, v1.15.19 and v1.20.2).
+	Related                   bool
 	SentBytes, ReplyBytes     uint64 // Src -> Dst, Dst -> Src
 	SentPackets, ReplyPackets uint64
 }
@@ -59,13 +64,17 @@ func (s *Scenario) ConntrackEntries(node string, elapsed time.Duration) []CTEntr
 		// +1 packet each way for the SYN and SYN-ACK.
 		e.SentPackets, e.SentBytes = segs+1, payload+(segs+1)*ctHeaders
 		e.ReplyPackets, e.ReplyBytes = acks+1, (acks+1)*ctHeaders
+		// The related entry, made with the connection's entry: its
+		// first packet (the SYN) only.
+		rel := CTEntry{Src: e.Src, Dst: e.Dst, Proto: 1, Related: true, SentPackets: 1, SentBytes: ctHeaders}
 		if node == "" || srcNode == node {
-			e.Node = srcNode
-			out = append(out, e)
+			e.Node, rel.Node = srcNode, srcNode
+			out = append(out, e, rel)
 		}
 		if dstNode != "" && (node == "" || dstNode == node) {
 			e.Node, e.Ingress = dstNode, true
-			out = append(out, e)
+			rel.Node, rel.Ingress = dstNode, true
+			out = append(out, e, rel)
 		}
 	}
 	for ji := range s.Jobs {
@@ -127,6 +136,7 @@ func (s *Scenario) zoneOf(p *Pod) string {
 func (e CTEntry) Encode(layout conntrack.Layout) (conntrack.Tuple, conntrack.Value) {
 	const (
 		tupleIn      = 1 // TUPLE_F_IN
+		tupleRelated = 2 // TUPLE_F_RELATED
 		tupleService = 4 // TUPLE_F_SERVICE
 		synAck       = 0x12
 	)
@@ -136,6 +146,8 @@ func (e CTEntry) Encode(layout conntrack.Layout) (conntrack.Tuple, conntrack.Val
 	case e.Service:
 		tu.Flags = tupleService
 		v.Packets, v.Bytes = e.SentPackets, e.SentBytes
+	case e.Related && layout != conntrack.LayoutSplit:
+		tu.Flags = tupleRelated // zero counters from 1.16
 	case layout == conntrack.LayoutSplit:
 		tx, txp, rx, rxp := e.SentBytes, e.SentPackets, e.ReplyBytes, e.ReplyPackets
 		if e.Ingress {
@@ -147,6 +159,9 @@ func (e CTEntry) Encode(layout conntrack.Layout) (conntrack.Tuple, conntrack.Val
 	}
 	if e.Ingress {
 		tu.Flags |= tupleIn
+	}
+	if e.Related {
+		tu.Flags |= tupleRelated
 	}
 	if e.Proto == 6 && !e.Service {
 		v.TxFlagsSeen, v.RxFlagsSeen = synAck, synAck // established both ways
