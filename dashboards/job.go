@@ -178,7 +178,24 @@ func jobDrilldown(o Options) (dashboard.Dashboard, error) {
 			"What the split costs per hour: cross-zone transfer plus idle GPUs, priced by the rules config.",
 			units.Dollars,
 			rangeQ(sel(ruleCrossCost), "cross-zone transfer"),
-			rangeQ(sel(ruleIdleGPUCost), "idle GPUs")))
+			rangeQ(sel(ruleIdleGPUCost), "idle GPUs"))).
+		WithPanel(g.orderedTable("Zone pairs the job's pods cross, with their round trip",
+			"Each zone pair the job's own pods exchange flows across, with the median probe round trip between those zones: every collective step of the job pays it. Compare with the in-zone round trip next to it; the ratio is what co-locating the job saves per step. Not measured: the exporters do not probe, or the job's pods send nothing across zones.",
+			[]string{"src_zone", "dst_zone"},
+			column{"Round trip p50", units.Seconds, orZero(sel(ruleJobPairRTT), zones)},
+		).
+			Mappings(notMeasured()).
+			NoValue("job not found").
+			Height(7).
+			Span(16)).
+		WithPanel(g.stat("In-zone round trip p50",
+			"Median probe round trip inside the job's zones (averaged over them): what its collectives would pay in one zone. Not measured: the exporters do not probe.",
+			units.Seconds,
+			instantQ(orZero(sel(ruleJobInZoneRTT), zones), "")).
+			Mappings(notMeasured()).
+			ColorMode(common.BigValueColorModeNone).
+			Height(7).
+			Span(8))
 
 	return g.build(b)
 }

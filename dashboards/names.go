@@ -21,6 +21,9 @@ const (
 	ruleCrossCost      = rules.RecCrossZoneCost
 	ruleCrossCostNS    = rules.RecNamespaceCrossZoneCost
 	ruleIdleGPUCost    = rules.RecSplitIdleGPUCost
+	ruleZonePairRTT    = rules.RecZonePairRTT
+	ruleJobPairRTT     = rules.RecJobZonePairRTT
+	ruleJobInZoneRTT   = rules.RecJobInZoneRTT
 	metricPodInfo      = "zonewatch_job_pod_info"
 	metricJobZones     = "zonewatch_job_zones"
 	metricDrops        = "zonewatch_job_policy_drops_total"

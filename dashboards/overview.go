@@ -5,6 +5,7 @@ import (
 
 	"github.com/grafana/grafana-foundation-sdk/go/common"
 	"github.com/grafana/grafana-foundation-sdk/go/dashboard"
+	"github.com/grafana/grafana-foundation-sdk/go/table"
 	"github.com/grafana/grafana-foundation-sdk/go/units"
 )
 
@@ -122,7 +123,8 @@ func overview(o Options) (dashboard.Dashboard, error) {
 			"The network policies that drop most cross-zone job traffic. (not named) = Cilium did not report the policy (it does on 1.16+ for policy-verdict events). Review the top policy with its owner.",
 			units.EventsPerSecond,
 			rangeQ(`topk(10, label_replace(sum by (policy) (`+g.m(ruleCrossDropsBy, nsAny)+`), "policy", "(not named)", "policy", ""))`, "{{policy}}")).
-			Span(8))
+			Span(8)).
+		WithPanel(g.rttMatrix())
 
 	// Row 4: can zonewatch see? A blind exporter reads as "all green".
 	b.WithRow(g.row("zonewatch health")).
@@ -177,4 +179,29 @@ func overview(o Options) (dashboard.Dashboard, error) {
 			rangeQ("sum by (collector) (1 - "+g.self("zonewatch_scrape_collector_success")+")", "{{collector}}")))
 
 	return g.build(b)
+}
+
+// rttMatrix is the zone-pair round trip the exporters' probes measure, p50
+// by source zone (rows) and destination zone (columns); the diagonal is the
+// in-zone baseline. "not measured": zonewatch is scraped but no probe RTT
+// (probing off, or every probe failing).
+func (g *gen) rttMatrix() *table.PanelBuilder {
+	return table.NewPanelBuilder().
+		Id(g.nextID()).
+		Title("Round trip between zones (probe p50)").
+		Description("Median round trip of a 16-byte probe between exporters, rows the source zone, columns the destination; the diagonal is the in-zone baseline. Every NCCL all-reduce of a split job pays its pair's value: a pair far above the diagonal is where splitting hurts most. Not measured: probing is off or every probe fails (see zonewatch_probe_failures_total).").
+		Datasource(dsRef()).
+		Targets(targets([]query{instantQ(orZero(g.m(ruleZonePairRTT, `quantile="0.5"`), g.self("up")), "")})).
+		Unit(units.Seconds).
+		Decimals(2).
+		Mappings(notMeasured()).
+		Height(8).
+		Span(24).
+		CellHeight(common.TableCellHeightSm).
+		CellOptions(autoCell()).
+		Thresholds(thresholds(base("text"))).
+		NoValue("zonewatch not scraped").
+		WithTransformation(dashboard.DataTransformerConfig{Id: "groupingToMatrix", Options: map[string]any{
+			"rowField": "src_zone", "columnField": "dst_zone", "valueField": "Value",
+		}})
 }

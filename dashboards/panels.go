@@ -62,6 +62,10 @@ func orZero(expr, presence string) string {
 	return "(" + expr + ") or on() (0 * count(" + presence + "))"
 }
 
+// notMeasured maps orZero's 0 to text where a real value is never 0 (a
+// round trip): "nothing measured" rather than a zero delay.
+func notMeasured() []dashboard.ValueMapping { return valueText("0", "not measured", "text") }
+
 // Matchers used across dashboards.
 const (
 	nsAny     = `namespace=~"$namespace"`
