@@ -18,7 +18,9 @@ type staticPeers []Peer
 
 func (s staticPeers) Peers() []Peer { return s }
 
-func listen(t *testing.T) net.Listener {
+func listen(t *testing.T) net.Listener { return listenB(t) }
+
+func listenB(t testing.TB) net.Listener {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
