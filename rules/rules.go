@@ -353,6 +353,9 @@ unless on (`+byJob+`) (
 )
 unless on (`+byJob+`) (
 `+indent(condPeerDrops)+`
+)
+unless on (`+byJob+`) (
+  `+RecJobUnseenNetwork+`
 )`,
 			"A GPU training job runs across zones.",
 			jobName+` has pods in more than one zone (`+jobZones+`). No blocked traffic or slowdown is visible yet, but its collectives cross zones: constrain the job to one zone.`),
