@@ -102,9 +102,11 @@ func promtoolCheckMetrics(t *testing.T, exposition []byte) {
 	}
 }
 
+// bigIndex is a cluster of jobs x podsPerJob pods on a node per 4 pods, so
+// a node holds 4 pods (of 4 jobs) whatever the cluster size.
 func bigIndex(jobs, podsPerJob int) *topology.Index {
 	x := topology.NewIndex()
-	const nodes = 5000
+	nodes := jobs * podsPerJob / 4
 	for i := 0; i < nodes; i++ {
 		x.UpsertNode(topology.Node{Name: fmt.Sprintf("node-%05d", i), Zone: fmt.Sprintf("zone-%d", i%4)})
 	}
@@ -121,25 +123,40 @@ func bigIndex(jobs, podsPerJob int) *topology.Index {
 	return x
 }
 
-// BenchmarkMetricsRender renders /metrics for 2,000 jobs of 10 pods: the
-// whole cluster (one replica with Relay) and one node's view (DaemonSet).
+// BenchmarkMetricsRender renders /metrics (the placement collector in the
+// root collector, through promhttp): the whole cluster at 2,000 jobs of 10
+// pods (one replica with Relay; warm: the rendered series are reused, cold:
+// a new collector renders every job), and one node's view (DaemonSet) at
+// 200 and 2,000 jobs, which must cost the same.
 func BenchmarkMetricsRender(b *testing.B) {
-	index := bigIndex(2000, 10)
-	for _, node := range []string{"", "node-00007"} {
-		name := "all-2000-jobs"
-		if node != "" {
-			name = "one-node"
-		}
-		b.Run(name, func(b *testing.B) {
+	small, large := bigIndex(200, 10), bigIndex(2000, 10)
+	for _, c := range []struct {
+		name  string
+		index *topology.Index
+		node  string
+		cold  bool
+	}{
+		{"all-2000-jobs", large, "", false},
+		{"all-2000-jobs-cold", large, "", true},
+		{"one-node-200-jobs", small, "node-00007", false},
+		{"one-node-2000-jobs", large, "node-00007", false},
+		{"one-node-2000-jobs-cold", large, "node-00007", true},
+	} {
+		b.Run(c.name, func(b *testing.B) {
 			exp := collector.New(slog.New(slog.NewTextHandler(io.Discard, nil)))
-			exp.Add("placement", collector.NewPlacement(index, node))
+			exp.Add("placement", collector.NewPlacement(c.index, c.node))
 			reg := prometheus.NewRegistry()
 			reg.MustRegister(exp)
 			h := promhttp.HandlerFor(reg, promhttp.HandlerOpts{})
 			req := httptest.NewRequest("GET", "/metrics", nil)
+			h.ServeHTTP(httptest.NewRecorder(), req) // warm: the series are rendered
 			b.ReportAllocs()
+			b.ResetTimer()
 			var size int
 			for i := 0; i < b.N; i++ {
+				if c.cold {
+					exp.Add("placement", collector.NewPlacement(c.index, c.node))
+				}
 				rec := httptest.NewRecorder()
 				h.ServeHTTP(rec, req)
 				size = rec.Body.Len()

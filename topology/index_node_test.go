@@ -117,3 +117,24 @@ func TestPlacementsCachedUntilChange(t *testing.T) {
 		t.Fatalf("deleted pod still placed: %+v", x.Placements(""))
 	}
 }
+
+// BenchmarkPlacementsNode is the DaemonSet scrape's index read: one node's
+// jobs at 200 and 2,000 jobs of 10 pods, 10 pods per node in both.
+func BenchmarkPlacementsNode(b *testing.B) {
+	for _, jobs := range []int{200, 2000} {
+		x := bigIndex(jobs, jobs, 10) // a node per job: 10 pods a node
+		b.Run(fmt.Sprintf("%d-jobs", jobs), func(b *testing.B) {
+			b.ReportAllocs()
+			for i := 0; i < b.N; i++ {
+				x.Placements("node-00007")
+			}
+		})
+	}
+	x := bigIndex(2000, 2000, 10)
+	b.Run("all-nodes-2000-jobs", func(b *testing.B) {
+		b.ReportAllocs()
+		for i := 0; i < b.N; i++ {
+			x.Placements("")
+		}
+	})
+}
