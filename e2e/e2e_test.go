@@ -61,6 +61,9 @@ func testRulesConfig() rules.Config {
 		HubbleLostEvents:      10 * time.Second,
 		GPUSourceDown:         10 * time.Second,
 		ByteSourceUnavailable: 10 * time.Second,
+		// Longer than a job's first flows take to show in a 5m rate: no
+		// job of the scenarios may raise it.
+		SplitJobTrafficUnseen: time.Minute,
 	}
 	return cfg
 }
