@@ -337,17 +337,24 @@ func TestPrometheusOperator(t *testing.T) {
 		}
 		// The README's prices reached the rules.
 		exprs := map[string]string{}
+		// The rule pack records its prices as series, one per locality.
+		prices := map[string]string{}
 		for _, g := range got.Groups {
 			rs, _ := g["rules"].([]any)
 			for _, r := range rs {
 				r, _ := r.(map[string]any)
 				rec, _ := r["record"].(string)
 				exprs[rec], _ = r["expr"].(string)
+				if rec == rules.RecTransferPrice {
+					labels, _ := r["labels"].(map[string]any)
+					locality, _ := labels["locality"].(string)
+					prices[locality] = strings.TrimSpace(exprs[rec])
+				}
 			}
 		}
 		for _, set := range readme {
-			if v, ok := strings.CutPrefix(set, "rules.crossZoneDollarsPerGB="); ok && !strings.HasSuffix(exprs["namespace_job_name:zonewatch_cross_zone_cost_dollars_per_hour:rate5m"], "/ 1e9 * "+v) {
-				t.Errorf("the cross-zone price %s is not in the cost rule: %q", v, exprs["namespace_job_name:zonewatch_cross_zone_cost_dollars_per_hour:rate5m"])
+			if v, ok := strings.CutPrefix(set, "rules.crossZoneDollarsPerGB="); ok && prices["cross_zone"] != "vector("+v+")" {
+				t.Errorf("the cross-zone price %s is not the rule pack's cross_zone price series: %q", v, prices["cross_zone"])
 			}
 			if v, ok := strings.CutPrefix(set, "rules.gpuDollarsPerHour="); ok && !strings.HasSuffix(exprs["namespace_job_name:zonewatch_split_idle_gpu_cost_dollars_per_hour:sum"], ") * "+v) {
 				t.Errorf("the GPU price %s is not in the idle-GPU cost rule: %q", v, exprs["namespace_job_name:zonewatch_split_idle_gpu_cost_dollars_per_hour:sum"])

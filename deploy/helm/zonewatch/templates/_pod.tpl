@@ -105,6 +105,15 @@ spec:
         {{- else }}
         - --no-conntrack.enabled
         {{- end }}
+        {{- if .Values.probe.enabled }}
+        - --probe.listen-address=:{{ .Values.probe.port }}
+        - --probe.port={{ .Values.probe.port }}
+        - --probe.peer-selector=app.kubernetes.io/name={{ include "zonewatch.name" . }},app.kubernetes.io/instance={{ .Release.Name }}
+        - --probe.peers-per-zone={{ .Values.probe.peersPerZone }}
+        - --probe.interval={{ .Values.probe.interval }}
+        {{- else }}
+        - --no-probe.enabled
+        {{- end }}
         {{- if $webSecret }}
         - --web.config.file=/etc/zonewatch/web/web-config.yml
         {{- end }}
@@ -136,6 +145,11 @@ spec:
         - name: metrics
           containerPort: {{ .Values.port }}
           protocol: TCP
+        {{- if .Values.probe.enabled }}
+        - name: probe
+          containerPort: {{ .Values.probe.port }}
+          protocol: TCP
+        {{- end }}
       {{- $probe := dict "scheme" (include "zonewatch.scheme" . | upper) "port" "metrics" }}
       {{- if and $webSecret .Values.webConfig.basicAuth }}
       # Basic auth guards every path and the kubelet cannot log in: probe the port only.
