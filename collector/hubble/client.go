@@ -165,13 +165,15 @@ func (c *Client) Up() bool { return c.up.Load() }
 func (c *Client) Run(ctx context.Context) {
 	since := c.cfg.Since
 	connected := false // a stream has been established before
+	restart := false   // this session replaces one that dropped the mask
 	failures := 0
 	for {
 		start := time.Now()
 		if c.notBefore == -1<<63 {
 			c.notBefore = start.UnixNano()
 		}
-		got, err := c.session(ctx, since, connected)
+		got, err := c.session(ctx, since, connected && !restart)
+		restart = false
 		c.up.Store(false)
 		if ctx.Err() != nil {
 			return
@@ -184,6 +186,7 @@ func (c *Client) Run(ctx context.Context) {
 				since = c.resumeFrom(start)
 				c.resumed = true
 			}
+			restart = true // not a broken stream: no reconnect counted
 			continue
 		}
 		if got {

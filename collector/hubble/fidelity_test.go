@@ -301,4 +301,7 @@ func TestFieldMaskRefusedThroughRelay(t *testing.T) {
 	if c.replayed.Load() != 1 {
 		t.Errorf("%d flows skipped as replayed, want 1", c.replayed.Load())
 	}
+	if got := testutil.ToFloat64(agg.Metrics().Reconnects); got != 0 {
+		t.Errorf("reconnects = %v, want 0 (the restart without the mask is not a broken stream)", got)
+	}
 }
