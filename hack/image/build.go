@@ -107,7 +107,7 @@ func Build(o Options) (*Result, error) {
 	}
 	res := &Result{Version: o.Version, Revision: rev, Created: created}
 
-	if err := os.RemoveAll(o.Out); err != nil {
+	if err := clearOut(o.Out); err != nil {
 		return nil, err
 	}
 	src, err := os.MkdirTemp("", "zonewatch-image-src-")
@@ -387,6 +387,26 @@ func sourceDate(repo, rev string) (time.Time, error) {
 		return time.Time{}, fmt.Errorf("SOURCE_DATE_EPOCH %q: %w", s, err)
 	}
 	return time.Unix(sec, 0).UTC(), nil
+}
+
+// clearOut removes the output folder of an earlier build; it refuses a
+// folder that holds anything else (-out . must not delete a checkout).
+func clearOut(dir string) error {
+	entries, err := os.ReadDir(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		switch n := e.Name(); {
+		case n == "oci", n == "bin", n == "digest", n == "version", strings.HasPrefix(n, exporter+"_") && strings.HasSuffix(n, ".tar"):
+		default:
+			return fmt.Errorf("refusing to replace %s: it holds %s, not only an earlier image build", dir, n)
+		}
+	}
+	return os.RemoveAll(dir)
 }
 
 // exportCommit writes the commit's files (git archive) into dir.

@@ -340,3 +340,28 @@ func TestExporterDoesNotLinkTheBuilder(t *testing.T) {
 		}
 	}
 }
+
+// TestClearOut: an earlier build's folder is replaced, any other folder is refused.
+func TestClearOut(t *testing.T) {
+	earlier := t.TempDir()
+	for _, f := range []string{"digest", "version", "zonewatch-exporter_linux_amd64.tar"} {
+		if err := os.WriteFile(filepath.Join(earlier, f), nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.MkdirAll(filepath.Join(earlier, "oci", "blobs"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := clearOut(earlier); err != nil {
+		t.Errorf("earlier build: %v", err)
+	}
+	if _, err := os.Stat(earlier); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("earlier build folder still there: %v", err)
+	}
+	if err := clearOut(repoRoot(t)); err == nil {
+		t.Fatal("clearOut of the checkout: no error")
+	}
+	if _, err := os.Stat(filepath.Join(repoRoot(t), "go.mod")); err != nil {
+		t.Fatalf("checkout damaged: %v", err)
+	}
+}
