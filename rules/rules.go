@@ -401,11 +401,13 @@ unless on (`+byJob+`) (
 }
 
 // zonePairRTT records quantile q of the probe RTT by zone pair: the native
-// histogram's, or where only classic buckets are scraped, theirs.
+// histogram's, or where only classic buckets are scraped, theirs. "> 0"
+// drops the NaN of a pair without answered probes in the window, so it
+// reads "not measured" rather than NaN.
 func zonePairRTT(q string) rule {
-	return rule{Record: RecZonePairRTT, Labels: map[string]string{"quantile": q}, Expr: block(`histogram_quantile(` + q + `, sum by (src_zone, dst_zone` + tClusterBy + `) (rate(zonewatch_zone_rtt_seconds` + sel() + `[5m])))
+	return rule{Record: RecZonePairRTT, Labels: map[string]string{"quantile": q}, Expr: block(`histogram_quantile(` + q + `, sum by (src_zone, dst_zone` + tClusterBy + `) (rate(zonewatch_zone_rtt_seconds` + sel() + `[5m]))) > 0
 or
-histogram_quantile(` + q + `, sum by (src_zone, dst_zone, le` + tClusterBy + `) (rate(zonewatch_zone_rtt_seconds_bucket` + sel() + `[5m])))`)}
+histogram_quantile(` + q + `, sum by (src_zone, dst_zone, le` + tClusterBy + `) (rate(zonewatch_zone_rtt_seconds_bucket` + sel() + `[5m]))) > 0`)}
 }
 
 // gpuRatios is every per-GPU ratio, in condIdle's order: a GPU counts once
