@@ -134,7 +134,7 @@ func TestIdentityAgreesWithTheInformerTransform(t *testing.T) {
 			return err
 		}
 		s, _ := strip(p.DeepCopy())
-		full, kept := kube.PodWithOwners(rules, owners, &p), kube.PodWithOwners(rules, owners, s.(*corev1.Pod))
+		full, kept := kube.PodWithOwners(rules, owners, &p), s.(*kube.CachedPod).Pod(rules, owners)
 		if !reflect.DeepEqual(full, kept) {
 			t.Errorf("%s/%s: dump %+v, informer %+v", p.Namespace, p.Name, full, kept)
 		}

@@ -92,85 +92,30 @@ func PodMeta(p *corev1.Pod) topology.PodMeta {
 	return m
 }
 
-// StripNode keeps only what NodeFrom reads, so the informer cache of 5,000
-// nodes stays small. It is an informer transform.
+// StripNode is the node informer's transform: it keeps what NodeFrom
+// reads, as a CachedNode, so the cache of 5,000 nodes stays small. Kept
+// nodes and tombstones pass through.
 func StripNode(obj any) (any, error) {
 	n, ok := obj.(*corev1.Node)
 	if !ok {
-		return obj, nil // tombstones pass through
+		return obj, nil
 	}
-	labels := map[string]string{}
-	for _, k := range []string{LabelZone, LabelZoneLegacy, LabelRegion, LabelRegionLegacy} {
-		if v, ok := n.Labels[k]; ok {
-			labels[k] = v
-		}
-	}
-	out := &corev1.Node{
-		ObjectMeta: metav1.ObjectMeta{Name: n.Name, Labels: labels, ResourceVersion: n.ResourceVersion, UID: n.UID},
-		Spec:       corev1.NodeSpec{PodCIDR: n.Spec.PodCIDR, PodCIDRs: n.Spec.PodCIDRs},
-	}
-	for _, a := range n.Status.Addresses {
-		if a.Type == corev1.NodeInternalIP || a.Type == corev1.NodeExternalIP {
-			out.Status.Addresses = append(out.Status.Addresses, a)
-		}
-	}
-	return out, nil
+	return &CachedNode{Node: NodeFrom(n), ResourceVersion: n.ResourceVersion}, nil
 }
 
-// PodStripper returns an informer transform that keeps only what identity
-// and placement read: the labels the job rules read (and the annotation of
-// such a key where the label is absent, e.g. an old pod's completion
-// index), the controller owner reference, spec.hostname where a
-// coordinator-hostname label needs it, deletionTimestamp, node, IPs, phase
-// and hostNetwork.
+// PodStripper returns the pod informers' transform: a CachedPod keeping
+// only what identity and placement read — the labels the job rules read
+// (and the annotation of such a key where the label is absent, e.g. an old
+// pod's completion index), the controller owner reference, spec.hostname
+// where a coordinator-hostname label needs it, deletionTimestamp, node,
+// IPs, phase and hostNetwork. Kept pods and tombstones pass through.
 func PodStripper(rules []topology.Rule) func(any) (any, error) {
-	keep := map[string]bool{}
-	for _, k := range topology.Keys(rules) {
-		keep[k] = true
-	}
-	var hostLabels []string
-	for _, r := range rules {
-		if r.CoordinatorHostLabel != "" {
-			hostLabels = append(hostLabels, r.CoordinatorHostLabel)
-		}
-	}
+	k := newPodKeeper(rules)
 	return func(obj any) (any, error) {
 		p, ok := obj.(*corev1.Pod)
 		if !ok {
 			return obj, nil
 		}
-		labels := make(map[string]string, 4)
-		for k, v := range p.Labels {
-			if keep[k] {
-				labels[k] = v
-			}
-		}
-		var annotations map[string]string
-		for k, v := range p.Annotations {
-			if _, isLabel := p.Labels[k]; keep[k] && !isLabel {
-				if annotations == nil {
-					annotations = make(map[string]string, 1)
-				}
-				annotations[k] = v
-			}
-		}
-		var owners []metav1.OwnerReference
-		if o := metav1.GetControllerOfNoCopy(p); o != nil {
-			owners = []metav1.OwnerReference{{APIVersion: o.APIVersion, Kind: o.Kind, Name: o.Name, Controller: o.Controller}}
-		}
-		spec := corev1.PodSpec{NodeName: p.Spec.NodeName, HostNetwork: p.Spec.HostNetwork}
-		for _, l := range hostLabels {
-			if _, ok := p.Labels[l]; ok {
-				spec.Hostname = p.Spec.Hostname
-			}
-		}
-		return &corev1.Pod{
-			ObjectMeta: metav1.ObjectMeta{
-				Namespace: p.Namespace, Name: p.Name, Labels: labels, Annotations: annotations, OwnerReferences: owners,
-				ResourceVersion: p.ResourceVersion, UID: p.UID, DeletionTimestamp: p.DeletionTimestamp,
-			},
-			Spec:   spec,
-			Status: corev1.PodStatus{Phase: p.Status.Phase, PodIP: p.Status.PodIP, PodIPs: p.Status.PodIPs},
-		}, nil
+		return k.cache(p), nil
 	}
 }

@@ -9,7 +9,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/informers"
@@ -61,7 +60,7 @@ func NewLive(client kubernetes.Interface, index *topology.Index, rules []topolog
 		AddFunc:    func(o any) { l.node(o) },
 		UpdateFunc: func(_, o any) { l.node(o) },
 		DeleteFunc: func(o any) {
-			if n, ok := tombstone(o).(*corev1.Node); ok {
+			if n, ok := tombstone(o).(*CachedNode); ok {
 				index.DeleteNode(n.Name)
 			}
 		},
@@ -80,14 +79,14 @@ func NewLive(client kubernetes.Interface, index *topology.Index, rules []topolog
 		if err := pi.SetTransform(strip); err != nil {
 			return nil, nil, fmt.Errorf("pod informer transform: %w", err)
 		}
-		if err := pi.AddIndexers(cache.Indexers{controllerIndex: byController}); err != nil {
+		if err := pi.AddIndexers(cache.Indexers{controllerIndex: podByController}); err != nil {
 			return nil, nil, fmt.Errorf("pod informer index: %w", err)
 		}
 		if _, err := pi.AddEventHandler(cache.ResourceEventHandlerFuncs{
 			AddFunc:    func(o any) { l.pod(source, o) },
 			UpdateFunc: func(_, o any) { l.pod(source, o) },
 			DeleteFunc: func(o any) {
-				if p, ok := tombstone(o).(*corev1.Pod); ok {
+				if p, ok := tombstone(o).(*CachedPod); ok {
 					l.mu.Lock()
 					index.DeletePod(source, p.Namespace, p.Name)
 					l.mu.Unlock()
@@ -144,15 +143,15 @@ func (l *Live) Up() bool {
 }
 
 func (l *Live) node(o any) {
-	n, ok := o.(*corev1.Node)
+	n, ok := o.(*CachedNode)
 	if !ok {
-		return // informers only hand out what they list
+		return // informers only hand out what their transform made
 	}
-	l.index.UpsertNode(NodeFrom(n))
+	l.index.UpsertNode(n.Node)
 }
 
 func (l *Live) pod(source int, o any) {
-	p, ok := o.(*corev1.Pod)
+	p, ok := o.(*CachedPod)
 	if !ok {
 		return
 	}
@@ -161,12 +160,12 @@ func (l *Live) pod(source int, o any) {
 	l.upsert(source, p)
 }
 
-func (l *Live) upsert(source int, p *corev1.Pod) {
+func (l *Live) upsert(source int, p *CachedPod) {
 	var owners topology.Owners
 	if l.owners != nil {
 		owners = l.owners
 	}
-	l.index.UpsertPod(source, PodWithOwners(l.rules, owners, p))
+	l.index.UpsertPod(source, p.Pod(l.rules, owners))
 }
 
 // ownerChanged identifies again the job pods below an owner object (key:
@@ -182,7 +181,7 @@ func (l *Live) ownerChanged(key string) {
 		for source, inf := range l.pods {
 			objs, _ := inf.GetIndexer().ByIndex(controllerIndex, k)
 			for _, o := range objs {
-				if p, ok := o.(*corev1.Pod); ok {
+				if p, ok := o.(*CachedPod); ok {
 					l.upsert(source, p)
 				}
 			}
