@@ -88,7 +88,9 @@ func TestSimulatedExporter(t *testing.T) {
 	addr := freeAddr(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan int, 1)
-	go func() { done <- run(ctx, []string{"--simulate", "--web.listen-address=" + addr, "--probe.listen-address=127.0.0.1:0", "--log.level=warn"}) }()
+	go func() {
+		done <- run(ctx, []string{"--simulate", "--web.listen-address=" + addr, "--probe.listen-address=127.0.0.1:0", "--log.level=warn"})
+	}()
 	defer func() {
 		cancel()
 		select {
