@@ -61,6 +61,9 @@ type Config struct {
 	// on since without a time filter.
 	Since  time.Time
 	Logger *slog.Logger
+	// Nodes, when set, restricts the stream to its nodes (Relay shards,
+	// shard.go); the stream restarts when they change.
+	Nodes NodeFilter
 }
 
 // Whitelist is the server-side filter: forwarded trace events that are
@@ -136,6 +139,10 @@ type lostKey struct {
 
 var errMaskRefused = errors.New("hubble server refused the field mask")
 
+// errNodesChanged ends a session whose node filter changed; the next one
+// starts at once, resuming after the flows counted.
+var errNodesChanged = errors.New("the shard's nodes changed")
+
 // NewClient returns a client feeding agg.
 func NewClient(cfg Config, agg *Aggregator) *Client {
 	if cfg.Address == "" {
@@ -178,13 +185,16 @@ func (c *Client) Run(ctx context.Context) {
 		if ctx.Err() != nil {
 			return
 		}
-		if errors.Is(err, errMaskRefused) {
+		if errors.Is(err, errMaskRefused) || errors.Is(err, errNodesChanged) {
 			// At once, without the mask. Through Relay other nodes' flows
 			// came first: resume after them.
 			if got {
 				connected = true
 				since = c.resumeFrom(start)
 				c.resumed = true
+			}
+			if errors.Is(err, errNodesChanged) {
+				since = c.sinceWithNewNodes(since)
 			}
 			restart = true // not a broken stream: no reconnect counted
 			continue
@@ -273,9 +283,27 @@ func (c *Client) session(ctx context.Context, since time.Time, reconnect bool) (
 		return false, fmt.Errorf("hubble server status at %s: %w", c.cfg.Address, err)
 	}
 
-	sctx, cancel = context.WithCancel(ctx)
-	defer cancel()
-	stream, err := obs.GetFlows(sctx, c.request(since))
+	var nodes []string
+	var nodesChanged <-chan struct{}
+	if c.cfg.Nodes != nil {
+		nodes, nodesChanged = c.cfg.Nodes.NodeNames()
+	}
+	sctx, cancelCause := context.WithCancelCause(ctx)
+	defer cancelCause(nil)
+	if nodesChanged != nil {
+		go func() {
+			select {
+			case <-nodesChanged:
+				cancelCause(errNodesChanged)
+			case <-sctx.Done():
+			}
+		}()
+	}
+	req := c.request(since)
+	if nodes != nil {
+		req.Whitelist = ShardWhitelist(req.Whitelist, nodes)
+	}
+	stream, err := obs.GetFlows(sctx, req)
 	if err != nil {
 		return false, fmt.Errorf("hubble GetFlows at %s: %w", c.cfg.Address, err)
 	}
@@ -293,6 +321,9 @@ func (c *Client) session(ctx context.Context, since time.Time, reconnect bool) (
 				// fails, so retrying with the mask would fail for ever.
 				c.refuseMask(err.Error())
 				return false, errMaskRefused
+			}
+			if errors.Is(context.Cause(sctx), errNodesChanged) {
+				return true, errNodesChanged
 			}
 			return true, fmt.Errorf("receiving hubble flows from %s: %w", c.cfg.Address, err)
 		}
