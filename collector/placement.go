@@ -38,6 +38,10 @@ type Placements interface {
 type Placement struct {
 	index Placements
 	node  string // this exporter's node; empty exports every job
+	// owns, when set (a Relay shard), keeps the pods on the nodes it owns
+	// and the jobs with such a pod, as each DaemonSet exporter keeps its
+	// node's.
+	owns func(node string) bool
 
 	mu     sync.Mutex
 	scrape uint64
@@ -59,6 +63,14 @@ func NewPlacement(index Placements, node string) *Placement {
 	return &Placement{index: index, node: node, jobs: map[topology.Job]*renderedJob{}}
 }
 
+// NewShardPlacement returns the placement collector of a Relay shard: the
+// job pods on the nodes owns accepts, and their jobs.
+func NewShardPlacement(index Placements, owns func(node string) bool) *Placement {
+	p := NewPlacement(index, "")
+	p.owns = owns
+	return p
+}
+
 // Update implements Collector. The series go out in the order the registry
 // sorts them into (label values by label name: job_kind, job_name,
 // namespace, node, pod for the pod series; job_name, namespace for the
@@ -77,7 +89,9 @@ func (p *Placement) Update(ch chan<- prometheus.Metric) error {
 			p.jobs[j.Job] = r
 		}
 		r.scrape = p.scrape
-		p.order = append(p.order, r)
+		if r.zones != nil {
+			p.order = append(p.order, r)
+		}
 	}
 	if len(p.jobs) > len(placements) {
 		for k, r := range p.jobs {
@@ -117,11 +131,14 @@ func (p *Placement) render(j *topology.JobPlacement) *renderedJob {
 		return cmp.Or(strings.Compare(a.Node, b.Node), strings.Compare(a.Pod, b.Pod))
 	})
 	for _, pod := range pods {
-		if p.node != "" && pod.Node != p.node {
+		if p.node != "" && pod.Node != p.node || p.owns != nil && !p.owns(pod.Node) {
 			continue
 		}
 		r.podInfo = append(r.podInfo, frozen(prometheus.MustNewConstMetric(jobPodInfoDesc, prometheus.GaugeValue, 1,
 			j.Job.Namespace, j.Job.Name, j.Job.Kind, pod.Pod, pod.Role, pod.Node, pod.Zone)))
+	}
+	if p.owns != nil && len(r.podInfo) == 0 {
+		return r // none of the job's pods is on this shard's nodes: no series
 	}
 	r.zones = frozen(prometheus.MustNewConstMetric(jobZonesDesc, prometheus.GaugeValue, float64(len(j.Zones)), j.Job.Namespace, j.Job.Name))
 	split := 0.0

@@ -165,3 +165,42 @@ func BenchmarkMetricsRender(b *testing.B) {
 		})
 	}
 }
+
+// TestShardPlacement: two Relay shards export, between them, each pod
+// series once and each job's series from every shard that holds one of
+// its pods, as the DaemonSet exporters do per node.
+func TestShardPlacement(t *testing.T) {
+	index := simIndex()
+	count := map[string]int{}
+	for i := range 2 {
+		owns := func(node string) bool { return int(node[len(node)-1])%2 == i } // gpu-a1, gpu-b2, ...
+		exp := collector.New(slog.New(slog.NewTextHandler(io.Discard, nil)))
+		exp.Add("placement", collector.NewShardPlacement(index, owns))
+		reg := prometheus.NewPedanticRegistry()
+		reg.MustRegister(exp)
+		for _, line := range bytes.Split(render(t, reg), []byte("\n")) {
+			if bytes.HasPrefix(line, []byte("zonewatch_job_")) {
+				count[string(line)]++
+			}
+		}
+	}
+	whole := map[string]int{}
+	exp := collector.New(slog.New(slog.NewTextHandler(io.Discard, nil)))
+	exp.Add("placement", collector.NewPlacement(index, ""))
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(exp)
+	for _, line := range bytes.Split(render(t, reg), []byte("\n")) {
+		if bytes.HasPrefix(line, []byte("zonewatch_job_")) {
+			whole[string(line)]++
+		}
+	}
+	for line := range whole {
+		n := count[line]
+		if bytes.HasPrefix([]byte(line), []byte("zonewatch_job_pod_info")) && n != 1 || n < 1 {
+			t.Errorf("%d shards export %s", n, line)
+		}
+	}
+	if len(count) != len(whole) {
+		t.Errorf("shards export %d distinct series, the whole cluster %d", len(count), len(whole))
+	}
+}

@@ -516,6 +516,18 @@ func (x *Index) placementLocked(j *jobRec) *JobPlacement {
 	return jp
 }
 
+// NodeNames returns the names of the nodes held, sorted.
+func (x *Index) NodeNames() []string {
+	x.mu.RLock()
+	names := make([]string, 0, len(x.nodes))
+	for n := range x.nodes {
+		names = append(names, n)
+	}
+	x.mu.RUnlock()
+	slices.Sort(names)
+	return names
+}
+
 // Counts returns the number of nodes, job pods and jobs held.
 func (x *Index) Counts() (nodes, pods, jobs int) {
 	x.mu.RLock()
