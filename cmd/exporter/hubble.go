@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"github.com/alecthomas/kingpin/v2"
@@ -21,6 +22,7 @@ type hubblePart struct {
 	tlsKey        *string
 	tlsServerName *string
 	grace         *time.Duration
+	clusterName   *string
 }
 
 func (p *hubblePart) flags(cmd *kingpin.CmdClause) {
@@ -31,6 +33,7 @@ func (p *hubblePart) flags(cmd *kingpin.CmdClause) {
 	p.tlsCert = flagOf(cmd, "hubble.tls.cert-file", "Client certificate for mutual TLS to Hubble Relay.").Default("").String()
 	p.tlsKey = flagOf(cmd, "hubble.tls.key-file", "Client key for mutual TLS to Hubble Relay.").Default("").String()
 	p.tlsServerName = flagOf(cmd, "hubble.tls.server-name", "Server name to verify (e.g. *.hubble-relay.cilium.io); empty uses the address host.").Default("").String()
+	p.clusterName = flagOf(cmd, "hubble.cluster-name", "Cilium's cluster-name, which prefixes node names in Hubble; a Relay shard (--total-shards > 1) names its nodes with it in the server-side filter.").Default("default").String()
 	p.grace = flagOf(cmd, "hubble.series-grace", "How long the flow counters of a job that is gone are still exported before they are removed.").Default("5m").Duration()
 }
 
@@ -49,6 +52,16 @@ func (p *hubblePart) start(ctx context.Context, w *wiring, in *inputs) error {
 	}
 	cfg := in.hubble
 	cfg.Logger = w.logger
+	if w.shard.Sharded() {
+		shard := w.shard
+		shard.Cluster = *p.clusterName
+		if err := shard.Validate(); err != nil {
+			return fmt.Errorf("--hubble.cluster-name: %w", err)
+		}
+		nodes := hubble.NewNodeShard(shard, w.index.NodeNames)
+		go nodes.Run(ctx, 10*time.Second)
+		cfg.Nodes = nodes
+	}
 	agg := hubble.NewAggregator(w.index, w.nodeName, *p.grace, hubble.NewMetrics(w.self))
 	client := hubble.NewClient(cfg, agg)
 	w.exporter.Add("hubble", agg)

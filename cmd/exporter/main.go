@@ -28,6 +28,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/zonewatch/zonewatch/collector"
+	"github.com/zonewatch/zonewatch/collector/hubble"
 	"github.com/zonewatch/zonewatch/collector/kube"
 	"github.com/zonewatch/zonewatch/report"
 	"github.com/zonewatch/zonewatch/topology"
@@ -65,6 +66,9 @@ type wiring struct {
 	// reconnects, ...), kept apart from the job metrics.
 	self     prometheus.Registerer
 	nodeName string
+	// shard is this replica's share of the nodes in Relay mode (one shard
+	// of one: every node).
+	shard hubble.Shard
 }
 
 // envOf is the environment variable that also sets a flag: ZONEWATCH_ and
@@ -92,6 +96,8 @@ type options struct {
 	metricsURL  *string
 	maxRequests *int
 	nodeName    *string
+	shard       *int
+	totalShards *int
 	kubeconfig  *string
 	jobRules    *[]string
 	resync      *time.Duration
@@ -118,6 +124,8 @@ func newApp() (*kingpin.Application, *kingpin.CmdClause, *options) {
 	o.metricsURL = flagOf(serve, "web.telemetry-path", "Path under which to expose metrics; /healthz and /readyz sit beside it.").Default("/metrics").String()
 	o.maxRequests = flagOf(serve, "web.max-requests", "Maximum number of parallel scrape requests. Use 0 to disable.").Default("40").Int()
 	o.nodeName = flagOf(serve, "node-name", "This exporter's node: only job pods on it are exported (DaemonSet). Defaults to $NODE_NAME; empty exports every node's jobs (one replica, e.g. with Hubble Relay).").Default(os.Getenv("NODE_NAME")).String()
+	o.shard = flagOf(serve, "shard", "This replica's shard, 0 to --total-shards - 1 (Relay mode, empty --node-name): it follows the flows and exports the job pods of the nodes whose name hashes to it (docs/performance.md).").Default("0").Int()
+	o.totalShards = flagOf(serve, "total-shards", "Number of Relay replicas sharing the nodes; 1 follows every node.").Default("1").Int()
 	o.kubeconfig = flagOf(serve, "kubeconfig", "Path to a kubeconfig; empty uses the in-cluster config. Defaults to $KUBECONFIG.").Default(os.Getenv("KUBECONFIG")).String()
 	o.resync = flagOf(serve, "kube.resync", "Informer resync period (0 disables).").Default("0s").Duration()
 	o.simulate = flagOf(serve, "simulate", "Run on the built-in simulated cluster (every source fed by fakes speaking the real protocols).").Bool()
@@ -173,7 +181,16 @@ func run(ctx context.Context, args []string) int {
 		}
 	}
 
-	w := &wiring{logger: logger, index: topology.NewIndex(), nodeName: *o.nodeName}
+	w := &wiring{logger: logger, index: topology.NewIndex(), nodeName: *o.nodeName,
+		shard: hubble.Shard{Index: *o.shard, Total: *o.totalShards, Cluster: "default"}}
+	if err := w.shard.Validate(); err != nil {
+		logger.Error("bad --shard/--total-shards", "err", err)
+		return 2
+	}
+	if w.shard.Sharded() && w.nodeName != "" {
+		logger.Error("--total-shards shards Relay mode: --node-name must be empty", "node", w.nodeName)
+		return 2
+	}
 	w.exporter = collector.New(logger)
 	selfReg := prometheus.NewRegistry()
 	selfReg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
@@ -203,7 +220,12 @@ func run(ctx context.Context, args []string) int {
 	}
 	live.WithOwners(in.meta, in.kube.Discovery())
 	w.exporter.AddSource("kubernetes", live)
-	w.exporter.Add("placement", collector.NewPlacement(w.index, w.nodeName))
+	if w.shard.Sharded() {
+		w.exporter.Add("placement", collector.NewShardPlacement(w.index, w.shard.Owns))
+		logger.Info("relay shard", "shard", w.shard.Index, "total_shards", w.shard.Total)
+	} else {
+		w.exporter.Add("placement", collector.NewPlacement(w.index, w.nodeName))
+	}
 	go func() {
 		if err := live.Run(ctx, factories); err != nil && ctx.Err() == nil {
 			logger.Error("kubernetes feed", "err", err)
