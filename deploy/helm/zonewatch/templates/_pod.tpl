@@ -9,6 +9,9 @@ metadata:
   labels:
     {{- include "zonewatch.selectorLabels" . | nindent 4 }}
     app.kubernetes.io/component: exporter
+    {{- with .zonewatchShard }}
+    zonewatch.io/shard: {{ .index | quote }}
+    {{- end }}
     {{- with .Values.podLabels }}
     {{- toYaml . | nindent 4 }}
     {{- end }}
@@ -44,6 +47,10 @@ spec:
         {{- if $relay }}
         # Relay mode: every node's jobs and flows from one replica.
         - --node-name=
+        {{- with .zonewatchShard }}
+        - --shard={{ .index }}
+        - --total-shards={{ .total }}
+        {{- end }}
         {{- end }}
         {{- with .Values.kube.resync }}
         - --kube.resync={{ . }}
@@ -57,6 +64,9 @@ spec:
         - --hubble.enabled
         {{- if $relay }}
         - --hubble.address={{ required "hubble.relay.address must be set in Relay mode" .Values.hubble.relay.address }}
+        {{- if .zonewatchShard }}
+        - --hubble.cluster-name={{ .Values.hubble.relay.clusterName | default "default" }}
+        {{- end }}
         {{- with .Values.hubble.relay.tls }}
         {{- if .enabled }}
         - --hubble.tls
