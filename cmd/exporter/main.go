@@ -196,8 +196,12 @@ func run(ctx context.Context, args []string) int {
 	selfReg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		versioncollector.NewCollector("zonewatch"))
 	w.self = selfReg
-	jobReg := prometheus.NewRegistry()
-	jobReg.MustRegister(w.exporter)
+	// One registry serves the job metrics and the exporter's own: merged
+	// through prometheus.Gatherers every series would be checked a second
+	// time (24k allocations more per Relay scrape at 2,000 jobs,
+	// docs/performance.md).
+	reg := selfReg
+	reg.MustRegister(w.exporter)
 
 	var in *inputs
 	if *o.simulate {
@@ -242,7 +246,7 @@ func run(ctx context.Context, args []string) int {
 	}
 
 	mux := http.NewServeMux()
-	mux.Handle(*o.metricsURL, promhttp.HandlerFor(prometheus.Gatherers{jobReg, selfReg}, promhttp.HandlerOpts{
+	mux.Handle(*o.metricsURL, promhttp.HandlerFor(reg, promhttp.HandlerOpts{
 		ErrorLog: slog.NewLogLogger(logger.Handler(), slog.LevelError), ErrorHandling: promhttp.ContinueOnError,
 		MaxRequestsInFlight: *o.maxRequests,
 	}))
