@@ -1,0 +1,256 @@
+package kube_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/metadata"
+	"k8s.io/client-go/rest"
+
+	"github.com/zonewatch/zonewatch/collector/kube"
+	"github.com/zonewatch/zonewatch/internal/testenv"
+	"github.com/zonewatch/zonewatch/topology"
+)
+
+// traffic counts what the exporter asks of and receives from the
+// apiserver, per resource: requests, watches opened and the bytes of the
+// response bodies it reads (after any gzip: what it decodes).
+type traffic struct {
+	mu      sync.Mutex
+	lists   map[string]int
+	watches map[string]int
+	bytes   map[string]*atomic.Int64
+}
+
+func (tr *traffic) resource(r *http.Request) string {
+	p := strings.Split(strings.Trim(r.URL.Path, "/"), "/")
+	return p[len(p)-1]
+}
+
+func (tr *traffic) wrap(rt http.RoundTripper) http.RoundTripper {
+	return roundTripper(func(r *http.Request) (*http.Response, error) {
+		res := tr.resource(r)
+		tr.mu.Lock()
+		if r.URL.Query().Get("watch") == "true" || r.URL.Query().Get("watch") == "1" {
+			tr.watches[res]++
+		} else {
+			tr.lists[res]++
+		}
+		n := tr.bytes[res]
+		if n == nil {
+			n = &atomic.Int64{}
+			tr.bytes[res] = n
+		}
+		tr.mu.Unlock()
+		resp, err := rt.RoundTrip(r)
+		if err == nil {
+			resp.Body = &countingBody{resp.Body, n}
+		}
+		return resp, err
+	})
+}
+
+func (tr *traffic) total(res string) int64 {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	if n := tr.bytes[res]; n != nil {
+		return n.Load()
+	}
+	return 0
+}
+
+type roundTripper func(*http.Request) (*http.Response, error)
+
+func (f roundTripper) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+type countingBody struct {
+	io.ReadCloser
+	n *atomic.Int64
+}
+
+func (b *countingBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	b.n.Add(int64(n))
+	return n, err
+}
+
+// TestAPIServerCost measures what one exporter costs the apiserver on the
+// real kube-apiserver: 1,000 nodes and 5,000 job pods (500 PyTorchJobs of
+// 10), besides 2,000 pods of no job; the watches it opens, the bytes of its
+// first sync, and the bytes it receives under churn (pod status updates,
+// pods replaced, node status updates). Measured, not asserted: opt in with
+// ZONEWATCH_APISERVER_COST=1 (about a minute on 2 cores); the figures are
+// in docs/performance.md.
+func TestAPIServerCost(t *testing.T) {
+	if os.Getenv("ZONEWATCH_APISERVER_COST") == "" {
+		t.Skip("set ZONEWATCH_APISERVER_COST=1 to measure the apiserver cost at 1,000 nodes and 5,000 job pods")
+	}
+	const nodes, jobs, perJob, others = 1000, 500, 10, 2000
+	api := testenv.StartAPIServer(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	defer cancel()
+	fast := rest.CopyConfig(api.Config)
+	fast.QPS, fast.Burst = 5000, 10000
+	fast.ContentType = "application/vnd.kubernetes.protobuf"
+	writer := kubernetes.NewForConfigOrDie(fast)
+	if _, err := writer.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "ml"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	parallel := func(n int, fn func(i int) error) {
+		t.Helper()
+		var wg sync.WaitGroup
+		var failed atomic.Value
+		work := make(chan int)
+		for range 16 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := range work {
+					if err := fn(i); err != nil {
+						failed.Store(err)
+					}
+				}
+			}()
+		}
+		for i := range n {
+			work <- i
+		}
+		close(work)
+		wg.Wait()
+		if err, _ := failed.Load().(error); err != nil {
+			t.Fatal(err)
+		}
+	}
+	start := time.Now()
+	parallel(nodes, func(i int) error {
+		n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("node-%04d", i), Labels: map[string]string{
+			kube.LabelZone: fmt.Sprintf("zone-%d", i%3), kube.LabelRegion: "r1", "kubernetes.io/hostname": fmt.Sprintf("node-%04d", i),
+			"node.kubernetes.io/instance-type": "p5.48xlarge"}},
+			Spec: corev1.NodeSpec{PodCIDR: fmt.Sprintf("10.%d.%d.0/24", i/256, i%256)}}
+		_, err := writer.CoreV1().Nodes().Create(ctx, n, metav1.CreateOptions{})
+		return err
+	})
+	pod := func(i int, job bool) *corev1.Pod {
+		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ml", Name: fmt.Sprintf("other-%d", i), Labels: map[string]string{"app": "web"}},
+			Spec: corev1.PodSpec{NodeName: fmt.Sprintf("node-%04d", i%nodes), Containers: []corev1.Container{{Name: "c", Image: "nvcr.io/nvidia/pytorch:24.05-py3",
+				Env: []corev1.EnvVar{{Name: "NCCL_DEBUG", Value: "INFO"}}}}}}
+		if job {
+			j, k := i/perJob, i%perJob
+			p.Name = fmt.Sprintf("job-%d-worker-%d", j, k)
+			p.Labels = map[string]string{"training.kubeflow.org/job-name": fmt.Sprintf("job-%d", j), "training.kubeflow.org/replica-type": "worker",
+				"training.kubeflow.org/replica-index": fmt.Sprint(k), "training.kubeflow.org/operator-name": "pytorchjob-controller"}
+		}
+		return p
+	}
+	running := func(p *corev1.Pod, i int) error {
+		ip := fmt.Sprintf("10.%d.%d.%d", 100+i/65536, i/256%256, i%256)
+		p.Status = corev1.PodStatus{Phase: corev1.PodRunning, PodIP: ip, PodIPs: []corev1.PodIP{{IP: ip}},
+			Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}}
+		_, err := writer.CoreV1().Pods("ml").UpdateStatus(ctx, p, metav1.UpdateOptions{})
+		return err
+	}
+	create := func(i int, job bool) error {
+		created, err := writer.CoreV1().Pods("ml").Create(ctx, pod(i, job), metav1.CreateOptions{})
+		if err != nil {
+			return err
+		}
+		return running(created, i)
+	}
+	parallel(jobs*perJob, func(i int) error { return create(i, true) })
+	parallel(others, func(i int) error { return create(jobs*perJob+i, false) })
+	t.Logf("created %d nodes, %d job pods, %d other pods in %v", nodes, jobs*perJob, others, time.Since(start).Round(time.Second))
+
+	tr := &traffic{lists: map[string]int{}, watches: map[string]int{}, bytes: map[string]*atomic.Int64{}}
+	cfg := rest.CopyConfig(api.Config)
+	cfg.WrapTransport = tr.wrap
+	meta := metadata.NewForConfigOrDie(cfg)
+	cfg.ContentType = "application/vnd.kubernetes.protobuf" // as cmd/exporter/kube.go
+	cfg.AcceptContentTypes = "application/vnd.kubernetes.protobuf,application/json"
+	client := kubernetes.NewForConfigOrDie(cfg)
+	index := topology.NewIndex()
+	l, factories, err := kube.NewLive(client, index, topology.DefaultRules(), 0, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.WithOwners(meta, client.Discovery())
+	syncStart := time.Now()
+	if err := l.Run(ctx, factories); err != nil {
+		t.Fatal(err)
+	}
+	n, p, j := index.Counts()
+	if n != nodes || p != jobs*perJob || j != jobs {
+		t.Fatalf("index holds %d nodes, %d job pods, %d jobs", n, p, j)
+	}
+	tr.mu.Lock()
+	t.Logf("sync in %v: lists %v, watches opened %v", time.Since(syncStart).Round(time.Millisecond), tr.lists, tr.watches)
+	tr.mu.Unlock()
+	syncNodes, syncPods := tr.total("nodes"), tr.total("pods")
+	t.Logf("sync bytes: nodes %d (%d per node), pods %d (%d per job pod)", syncNodes, syncNodes/nodes, syncPods, syncPods/int64(jobs*perJob))
+
+	// Churn: every job pod's status changes once (a kubelet condition
+	// update), 500 job pods are replaced (delete, create, running), every
+	// node's status changes once (a heartbeat-like condition update), and
+	// every other pod's status changes once (not watched: no bytes).
+	settle := func() { time.Sleep(2 * time.Second) }
+	b0 := tr.total("pods")
+	parallel(jobs*perJob, func(i int) error {
+		p, err := writer.CoreV1().Pods("ml").Get(ctx, pod(i, true).Name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		p.Status.Conditions = append(p.Status.Conditions, corev1.PodCondition{Type: corev1.ContainersReady, Status: corev1.ConditionTrue})
+		_, err = writer.CoreV1().Pods("ml").UpdateStatus(ctx, p, metav1.UpdateOptions{})
+		return err
+	})
+	settle()
+	statusBytes := tr.total("pods") - b0
+	b0 = tr.total("pods")
+	parallel(others, func(i int) error {
+		p, err := writer.CoreV1().Pods("ml").Get(ctx, pod(jobs*perJob+i, false).Name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		p.Status.Conditions = append(p.Status.Conditions, corev1.PodCondition{Type: corev1.ContainersReady, Status: corev1.ConditionTrue})
+		_, err = writer.CoreV1().Pods("ml").UpdateStatus(ctx, p, metav1.UpdateOptions{})
+		return err
+	})
+	settle()
+	otherBytes := tr.total("pods") - b0
+	b0 = tr.total("pods")
+	const replaced = 500
+	parallel(replaced, func(i int) error {
+		return writer.CoreV1().Pods("ml").Delete(ctx, pod(i, true).Name, metav1.DeleteOptions{GracePeriodSeconds: new(int64)})
+	})
+	parallel(replaced, func(i int) error { return create(i, true) })
+	settle()
+	replaceBytes := tr.total("pods") - b0
+	n0 := tr.total("nodes")
+	parallel(nodes, func(i int) error {
+		nd, err := writer.CoreV1().Nodes().Get(ctx, fmt.Sprintf("node-%04d", i), metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		nd.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue, LastHeartbeatTime: metav1.Now()}}
+		_, err = writer.CoreV1().Nodes().UpdateStatus(ctx, nd, metav1.UpdateOptions{})
+		return err
+	})
+	settle()
+	nodeBytes := tr.total("nodes") - n0
+	t.Logf("churn bytes: job pod status updates %d (%d per update), other pods' updates %d, job pods replaced %d (%d per replacement), node status updates %d (%d per update)",
+		statusBytes, statusBytes/int64(jobs*perJob), otherBytes, replaceBytes, replaceBytes/replaced, nodeBytes, nodeBytes/nodes)
+	tr.mu.Lock()
+	t.Logf("watches opened in all: %v", tr.watches)
+	tr.mu.Unlock()
+}
