@@ -230,6 +230,8 @@ func TestEndToEnd(t *testing.T) {
 		}
 	})
 
+	t.Run("zone round trip", func(t *testing.T) { zoneRTT(t, p) })
+
 	t.Run("cross-AZ cost alert", func(t *testing.T) {
 		var ticket amAlert
 		if !eventually(t, 2*time.Minute, "ZonewatchCrossZoneCost", func() (bool, string) {
