@@ -15,12 +15,6 @@ import (
 // DefaultSelector selects the chart's exporter pods.
 const DefaultSelector = "app.kubernetes.io/name=zonewatch"
 
-// exporterPod is what the peer list keeps of an exporter pod.
-type exporterPod struct {
-	namespace, name, node, ip string
-	ready                     bool
-}
-
 // PodPeers lists the Running exporter pods that match a label selector,
 // from an informer, with each node's zone from zoneOf.
 type PodPeers struct {
@@ -37,14 +31,18 @@ func NewPodPeers(client kubernetes.Interface, selector string, port int, zoneOf 
 		o.LabelSelector = selector
 	}))
 	inf := f.Core().V1().Pods().Informer()
-	// Keep only what probing needs.
+	// Keep only what probing needs, in a Pod still: the informer's store
+	// keys objects by their namespace and name.
 	_ = inf.SetTransform(func(o any) (any, error) {
 		p, ok := o.(*corev1.Pod)
 		if !ok {
 			return o, nil
 		}
-		ready := p.Status.Phase == corev1.PodRunning && p.DeletionTimestamp == nil
-		return &exporterPod{namespace: p.Namespace, name: p.Name, node: p.Spec.NodeName, ip: p.Status.PodIP, ready: ready}, nil
+		return &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Namespace: p.Namespace, Name: p.Name, ResourceVersion: p.ResourceVersion, DeletionTimestamp: p.DeletionTimestamp},
+			Spec:       corev1.PodSpec{NodeName: p.Spec.NodeName},
+			Status:     corev1.PodStatus{Phase: p.Status.Phase, PodIP: p.Status.PodIP},
+		}, nil
 	})
 	return &PodPeers{store: inf.GetStore(), port: port, zoneOf: zoneOf, start: f.Start}
 }
@@ -56,11 +54,11 @@ func (pp *PodPeers) Start(ctx context.Context) { pp.start(ctx.Done()) }
 func (pp *PodPeers) Peers() []Peer {
 	var out []Peer
 	for _, o := range pp.store.List() {
-		p, ok := o.(*exporterPod)
-		if !ok || !p.ready || p.ip == "" || p.node == "" {
+		p, ok := o.(*corev1.Pod)
+		if !ok || p.Status.Phase != corev1.PodRunning || p.DeletionTimestamp != nil || p.Status.PodIP == "" || p.Spec.NodeName == "" {
 			continue
 		}
-		out = append(out, Peer{Node: p.node, Zone: pp.zoneOf(p.node), Addr: net.JoinHostPort(p.ip, strconv.Itoa(pp.port))})
+		out = append(out, Peer{Node: p.Spec.NodeName, Zone: pp.zoneOf(p.Spec.NodeName), Addr: net.JoinHostPort(p.Status.PodIP, strconv.Itoa(pp.port))})
 	}
 	return out
 }
