@@ -45,6 +45,13 @@ type Hubble struct {
 	wake  chan struct{}
 	stamp int64 // last flow time handed out (unix ns), strictly increasing
 	gen   generator
+	// streams holds each open GetFlows stream's progress, opened counts
+	// the streams and sent the flows every stream has sent, so that a
+	// test can wait until nothing is on its way (Streams) instead of
+	// sleeping.
+	streams map[*streamState]struct{}
+	opened  int
+	sent    uint64
 
 	srvMu sync.Mutex
 	srv   *grpc.Server
@@ -57,7 +64,8 @@ func NewHubble(s *Scenario, node string, capacity int) *Hubble {
 	if capacity <= 0 {
 		capacity = 4096
 	}
-	return &Hubble{scenario: s, node: node, started: time.Now(), ring: make([]*observerpb.GetFlowsResponse, capacity), wake: make(chan struct{})}
+	return &Hubble{scenario: s, node: node, started: time.Now(), ring: make([]*observerpb.GetFlowsResponse, capacity), wake: make(chan struct{}),
+		streams: map[*streamState]struct{}{}}
 }
 
 // Start serves the Observer API on a unix socket at path.
@@ -142,6 +150,35 @@ func (h *Hubble) Seen() uint64 {
 	defer h.mu.Unlock()
 	return h.next
 }
+
+// StreamStats is what the GetFlows streams have done so far.
+type StreamStats struct {
+	Started, Open int
+	// Flows is how many flows the streams, open or ended, have sent.
+	Flows uint64
+	// CaughtUp: every open stream has sent all the ring holds. With
+	// nothing published since, a client that has received Flows flows has
+	// every flow it is going to get (a stream its client cancelled may
+	// have sent flows that never arrived).
+	CaughtUp bool
+}
+
+// Streams returns the streams' progress.
+func (h *Hubble) Streams() StreamStats {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	st := StreamStats{Started: h.opened, Open: len(h.streams), Flows: h.sent, CaughtUp: true}
+	for s := range h.streams {
+		if s.done < h.next {
+			st.CaughtUp = false
+		}
+	}
+	return st
+}
+
+// streamState is an open stream's progress: the responses before done
+// are sent or filtered out.
+type streamState struct{ done uint64 }
 
 func (h *Hubble) appendLocked(r *observerpb.GetFlowsResponse) {
 	h.ring[h.next%uint64(len(h.ring))] = r
@@ -255,7 +292,17 @@ func (o *observer) GetFlows(req *observerpb.GetFlowsRequest, stream grpc.ServerS
 	case !req.GetFollow():
 		pos = h.firstLocked()
 	}
+	st := &streamState{done: pos}
+	h.streams[st] = struct{}{}
+	h.opened++
 	h.mu.Unlock()
+	sent := uint64(0) // flows sent and not yet added to h.sent
+	defer func() {
+		h.mu.Lock()
+		h.sent += sent
+		delete(h.streams, st)
+		h.mu.Unlock()
+	}()
 
 	ctx := stream.Context()
 	var batch []*observerpb.GetFlowsResponse
@@ -306,7 +353,11 @@ func (o *observer) GetFlows(req *observerpb.GetFlowsRequest, stream grpc.ServerS
 			if err := stream.Send(r); err != nil {
 				return err
 			}
+			sent++
 		}
+		h.mu.Lock()
+		h.sent, sent, st.done = h.sent+sent, 0, pos
+		h.mu.Unlock()
 		if pos < next {
 			continue
 		}

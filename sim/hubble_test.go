@@ -108,6 +108,47 @@ func TestDefaultScenarioBlockedJobOnCoordinatorNode(t *testing.T) {
 	}
 }
 
+// Streams counts what the streams sent: a stream that ended is no longer
+// open, and a following one is caught up once it sent what the ring holds.
+func TestStreamsCountFlowsSent(t *testing.T) {
+	s := Default()
+	h, c := observerClient(t, s, "")
+	h.Generate(time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC), time.Second)
+	flows, err := allFlows(t, c, &observerpb.GetFlowsRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st := h.Streams(); st != (StreamStats{Started: 1, Flows: uint64(len(flows)), CaughtUp: true}) || len(flows) == 0 {
+		t.Fatalf("after %d flows: %+v", len(flows), st)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	stream, err := c.GetFlows(ctx, &observerpb.GetFlowsRequest{Follow: true, First: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for n := 0; n < len(flows); {
+		r, err := stream.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.GetFlow() != nil {
+			n++
+		}
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for st := h.Streams(); st != (StreamStats{Started: 2, Open: 1, Flows: 2 * uint64(len(flows)), CaughtUp: true}); st = h.Streams() {
+		if time.Now().After(deadline) {
+			t.Fatalf("following stream: %+v", st)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	h.Publish(&flowpb.Flow{NodeName: "gpu-a1"})
+	if st := h.Streams(); st.CaughtUp {
+		t.Fatalf("caught up before sending the new flow: %+v", st)
+	}
+}
+
 func TestGetFlowsMaskFiltersAndErrors(t *testing.T) {
 	s := Default()
 	h, c := observerClient(t, s, "")

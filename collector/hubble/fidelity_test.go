@@ -61,8 +61,9 @@ func TestLostEventsNotRecountedAfterReconnect(t *testing.T) {
 	}
 	waitFor(t, "the reconnect", c.Up)
 	h.Generate(t0.Add(2*time.Second), time.Second)
-	waitFor(t, "the gap's lost events", func() bool { return lostTotal(m) >= 12 })
-	time.Sleep(200 * time.Millisecond)
+	// The stream is in ring order: once the flows after the gap are in,
+	// every lost event before them is too.
+	waitFor(t, "the gap's lost events and the flows after them", func() bool { return lostTotal(m) >= 12 && delivered([]*sim.Hubble{h}, c) })
 	if got := lostTotal(m); got != 12 {
 		t.Errorf("lost events = %v after the reconnect, want 12 (10 + 2 in the gap)", got)
 	}
@@ -83,7 +84,7 @@ func TestFieldMaskRefusedFallsBackToWholeFlows(t *testing.T) {
 		BackoffMin: time.Second, BackoffMax: 2 * time.Second, Logger: newTestLogger(&logs)}, agg)
 	runClient(t, c)
 	h.Generate(t0, 5*time.Second)
-	settle(t, 5, agg) // within the 20 s wait: no backoff, no retry loop
+	settle(t, 5, []*sim.Hubble{h}, c) // within the 20 s wait: no backoff, no retry loop
 	if got := testutil.ToFloat64(agg.Metrics().FieldMaskRefused); got != 1 {
 		t.Errorf("field mask refusals = %v, want 1", got)
 	}
@@ -110,10 +111,12 @@ func TestFirstConnectionSkipsTheRingsNewestOldFlows(t *testing.T) {
 	agg := NewAggregator(indexOf(s), "", time.Minute, nil)
 	c := NewClient(Config{Address: "unix://" + sock, BackoffMin: 10 * time.Millisecond, BackoffMax: 50 * time.Millisecond}, agg)
 	runClient(t, c)
-	waitFor(t, "the stream", c.Up)
-	time.Sleep(100 * time.Millisecond)
+	// The server has placed the stream (two entries back) and sent them.
+	waitFor(t, "the stream and the two older flows it starts with", func() bool {
+		return h.Streams().Flows == 2 && delivered([]*sim.Hubble{h}, c)
+	})
 	h.Generate(time.Now().Add(time.Second), time.Second)
-	settle(t, 1, agg) // bert's worker -> coordinator events: the second's only
+	settle(t, 1, []*sim.Hubble{h}, c) // bert's worker -> coordinator events: the second's only
 	if c.early.Load() != 2 {
 		t.Errorf("%d flows from before the start skipped, want the 2 the server sent first", c.early.Load())
 	}

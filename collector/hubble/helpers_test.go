@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"github.com/zonewatch/zonewatch/sim"
 	"github.com/zonewatch/zonewatch/topology"
 )
@@ -113,6 +115,31 @@ func follow(t testing.TB, sock string, agg *Aggregator, mask bool) *Client {
 	go func() { c.Run(ctx); close(done) }()
 	t.Cleanup(func() { cancel(); <-done })
 	return c
+}
+
+// received is how many flows c has received: counted, or skipped as
+// counted before or older than the client.
+func received(c *Client) uint64 {
+	return uint64(testutil.ToFloat64(c.m.Processed)) + c.replayed.Load() + c.early.Load()
+}
+
+// delivered reports whether the servers have sent all they hold and the
+// clients have received every flow sent: with nothing published
+// meanwhile, no flow is on its way (a condition to wait for instead of a
+// sleep).
+func delivered(hs []*sim.Hubble, cs ...*Client) bool {
+	var sent, got uint64
+	for _, h := range hs {
+		st := h.Streams()
+		if !st.CaughtUp {
+			return false
+		}
+		sent += st.Flows
+	}
+	for _, c := range cs {
+		got += received(c)
+	}
+	return got == sent
 }
 
 func waitFor(t testing.TB, what string, cond func() bool) {

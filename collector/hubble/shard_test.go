@@ -1,12 +1,15 @@
 package hubble
 
 import (
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	flowpb "github.com/cilium/cilium/api/v1/flow"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/zonewatch/zonewatch/sim"
 )
 
 // TestTwoShardsCountEveryFlowOnce runs two Relay replicas (shard 0 and 1
@@ -39,6 +42,7 @@ func TestTwoShardsCountEveryFlowOnce(t *testing.T) {
 		}
 	}
 	var aggs []*Aggregator
+	var clients []*Client
 	var filters []*NodeShard
 	owned := map[string]int{}
 	for i := range 2 {
@@ -60,7 +64,7 @@ func TestTwoShardsCountEveryFlowOnce(t *testing.T) {
 			BackoffMin: 10 * time.Millisecond, BackoffMax: 50 * time.Millisecond}, agg)
 		runClient(t, c)
 		waitFor(t, "the stream", c.Up)
-		aggs, filters = append(aggs, agg), append(filters, f)
+		aggs, clients, filters = append(aggs, agg), append(clients, c), append(filters, f)
 	}
 	for _, n := range all {
 		if owned[n] != 1 {
@@ -76,15 +80,23 @@ func TestTwoShardsCountEveryFlowOnce(t *testing.T) {
 	h.Generate(t0, 5*time.Second)
 	// The late node arrives: shard 1's stream restarts with it and
 	// resumes from its marks; the Relay replays the late node's flows.
-	time.Sleep(100 * time.Millisecond)
+	// The first flows are in and the restart is over before more come, so
+	// that none is lost in flight (settle counts them all).
+	relay := []*sim.Hubble{h}
+	waitFor(t, "the first flows", func() bool { return h.Streams().Flows > 0 && delivered(relay, clients...) })
+	before := h.Streams().Started
 	mu.Lock()
 	late = "\x00"
 	mu.Unlock()
 	if !filters[1].Refresh() || filters[0].Refresh() {
 		t.Fatal("only shard 1's nodes changed")
 	}
+	waitFor(t, "shard 1's stream to restart", func() bool {
+		st := h.Streams()
+		return st.Started == before+1 && st.Open == 2
+	})
 	h.Generate(t0.Add(5*time.Second), 5*time.Second)
-	settle(t, 10, aggs...)
+	settle(t, 10, relay, clients...)
 	for i, a := range aggs {
 		if a.Events().Len() == 0 && a.Drops().Len() == 0 {
 			t.Errorf("shard %d counted nothing", i)
@@ -122,4 +134,25 @@ func TestShardWhitelist(t *testing.T) {
 		}
 	}
 	_ = flowpb.Verdict_DROPPED
+}
+
+// TestShardWrongClusterName: a shard whose --hubble.cluster-name is not the
+// cluster Relay names its nodes with gets no flow (Hubble's filter matches
+// none), and says so once in the log.
+func TestShardWrongClusterName(t *testing.T) {
+	s := testScenario()
+	_, sock := startHubble(t, s, "", 0)
+	var all []string
+	for _, n := range s.Nodes {
+		all = append(all, n.Name)
+	}
+	var logs syncBuffer
+	f := NewNodeShard(Shard{Index: 0, Total: 1, Cluster: "default"}, func() []string { return all })
+	c := NewClient(Config{Address: "unix://" + sock, Nodes: f, Logger: newTestLogger(&logs),
+		BackoffMin: 10 * time.Millisecond, BackoffMax: 50 * time.Millisecond}, NewAggregator(indexOf(s), "", time.Minute, nil))
+	runClient(t, c)
+	waitFor(t, "the log line", func() bool { return strings.Contains(logs.String(), "another cluster than --hubble.cluster-name") })
+	if n := strings.Count(logs.String(), "another cluster than --hubble.cluster-name"); n != 1 {
+		t.Errorf("logged %d times", n)
+	}
 }

@@ -10,6 +10,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/zonewatch/zonewatch/sim"
 	"github.com/zonewatch/zonewatch/topology"
 )
 
@@ -36,10 +37,15 @@ func want(seconds float64) (map[DropKey]float64, map[EventKey]float64) {
 		}
 }
 
-// settle waits until the aggregators hold the wanted counts, then a bit
-// longer, so that a double count would show.
-func settle(t *testing.T, seconds float64, aggs ...*Aggregator) {
+// settle waits until the clients' aggregators hold the wanted counts and
+// the clients have received every flow the servers sent, so that a double
+// count would show, then checks the counts.
+func settle(t *testing.T, seconds float64, hs []*sim.Hubble, cs ...*Client) {
 	t.Helper()
+	var aggs []*Aggregator
+	for _, c := range cs {
+		aggs = append(aggs, c.agg)
+	}
 	drops, events := want(seconds)
 	sumDrops := func(k DropKey) (v float64) {
 		for _, a := range aggs {
@@ -66,8 +72,7 @@ func settle(t *testing.T, seconds float64, aggs ...*Aggregator) {
 		}
 		return true
 	}
-	waitFor(t, "the expected counts", reached)
-	time.Sleep(200 * time.Millisecond)
+	waitFor(t, "the expected counts and every flow sent", func() bool { return reached() && delivered(hs, cs...) })
 	for k, v := range drops {
 		if got := sumDrops(k); got != v {
 			t.Errorf("drops %+v = %v, want %v", k, got, v)
@@ -97,7 +102,7 @@ func TestDropsAttributedToJobZonesAndPolicy(t *testing.T) {
 	agg := NewAggregator(indexOf(s), "", time.Minute, NewMetrics(reg))
 	c := follow(t, sock, agg, true)
 	h.Generate(t0, 10*time.Second)
-	settle(t, 10, agg)
+	settle(t, 10, []*sim.Hubble{h}, c)
 	if !c.Up() {
 		t.Error("client not up while streaming")
 	}
@@ -144,20 +149,19 @@ func TestFlowSeenOnBothNodesCountedOnce(t *testing.T) {
 	s := testScenario()
 	x := indexOf(s)
 	var aggs []*Aggregator
-	var servers []interface {
-		Generate(time.Time, time.Duration) int
-	}
+	var clients []*Client
+	var servers []*sim.Hubble
 	for _, n := range s.Nodes {
 		h, sock := startHubble(t, s, n.Name, 0)
 		agg := NewAggregator(x, n.Name, time.Minute, nil)
-		follow(t, sock, agg, true)
+		clients = append(clients, follow(t, sock, agg, true))
 		aggs = append(aggs, agg)
 		servers = append(servers, h)
 	}
 	for _, h := range servers {
 		h.Generate(t0, 10*time.Second)
 	}
-	settle(t, 10, aggs...)
+	settle(t, 10, servers, clients...)
 	// Each node counts only what it sent.
 	byNode := map[string]*Aggregator{}
 	for i, n := range s.Nodes {
@@ -180,7 +184,7 @@ func TestReconnectAfterServerRestartNoDoubleCount(t *testing.T) {
 	agg := NewAggregator(indexOf(s), "", time.Minute, nil)
 	c := follow(t, sock, agg, true)
 	h.Generate(t0, 5*time.Second)
-	settle(t, 5, agg)
+	settle(t, 5, []*sim.Hubble{h}, c)
 
 	h.Stop()
 	waitFor(t, "the client to notice", func() bool { return !c.Up() })
@@ -190,7 +194,7 @@ func TestReconnectAfterServerRestartNoDoubleCount(t *testing.T) {
 	}
 	waitFor(t, "the reconnect", c.Up)
 	h.Generate(t0.Add(10*time.Second), 5*time.Second)
-	settle(t, 15, agg)
+	settle(t, 15, []*sim.Hubble{h}, c)
 	if got := testutil.ToFloat64(agg.Metrics().Reconnects); got != 1 {
 		t.Errorf("reconnects = %v, want 1", got)
 	}
