@@ -128,6 +128,8 @@ type Client struct {
 	noMask bool
 	// nodeRefusedMask: a Relay node refused the mask; the stream restarts.
 	nodeRefusedMask bool
+	// clusterWarned: a Relay shard's cluster name was found wrong (shard.go).
+	clusterWarned atomic.Bool
 }
 
 // errMaskRefused ends a session whose server refused the field mask; the
@@ -392,6 +394,7 @@ func (c *Client) handle(resp *observerpb.GetFlowsResponse) {
 			level = slog.LevelWarn // that node's flows are missing until it comes back
 		}
 		c.logger.Log(context.Background(), level, "hubble relay node status", "nodes", ns.GetNodeNames(), "state", ns.GetStateChange().String(), "message", ns.GetMessage())
+		c.checkShardCluster(ns.GetNodeNames())
 		// Relay (pkg/hubble/relay/observer nodeStatusError) reports a
 		// node's failed GetFlows, the refused mask among them, as a
 		// NODE_ERROR with the error's message.

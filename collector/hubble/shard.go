@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -176,4 +177,23 @@ func (c *Client) sinceWithNewNodes(since time.Time) time.Time {
 		return t
 	}
 	return since
+}
+
+// checkShardCluster logs once when Relay names a node of another cluster
+// than the shard's filter does (--hubble.cluster-name): the filter would
+// match none of its flows, and the shard count nothing.
+func (c *Client) checkShardCluster(names []string) {
+	ns, ok := c.cfg.Nodes.(*NodeShard)
+	if !ok || c.clusterWarned.Load() {
+		return
+	}
+	for _, n := range names {
+		if i := strings.IndexByte(n, '/'); i >= 0 && n[:i] != ns.shard.Cluster {
+			if c.clusterWarned.CompareAndSwap(false, true) {
+				c.logger.Error("hubble names nodes in another cluster than --hubble.cluster-name: this shard's node_name filter matches none of their flows",
+					"node", n, "cluster_name", ns.shard.Cluster)
+			}
+			return
+		}
+	}
 }
