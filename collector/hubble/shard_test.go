@@ -2,7 +2,6 @@ package hubble
 
 import (
 	"strings"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -135,27 +134,6 @@ func TestShardWhitelist(t *testing.T) {
 		}
 	}
 	_ = flowpb.Verdict_DROPPED
-}
-
-// TestShardWrongClusterName: a shard whose --hubble.cluster-name is not the
-// cluster Relay names its nodes with gets no flow (Hubble's filter matches
-// none), and says so once in the log.
-func TestShardWrongClusterName(t *testing.T) {
-	s := testScenario()
-	_, sock := startHubble(t, s, "", 0)
-	var all []string
-	for _, n := range s.Nodes {
-		all = append(all, n.Name)
-	}
-	var logs syncBuffer
-	f := NewNodeShard(Shard{Index: 0, Total: 1, Cluster: "default"}, func() []string { return all })
-	c := NewClient(Config{Address: "unix://" + sock, Nodes: f, Logger: newTestLogger(&logs),
-		BackoffMin: 10 * time.Millisecond, BackoffMax: 50 * time.Millisecond}, NewAggregator(indexOf(s), "", time.Minute, nil))
-	runClient(t, c)
-	waitFor(t, "the log line", func() bool { return strings.Contains(logs.String(), "another cluster than --hubble.cluster-name") })
-	if n := strings.Count(logs.String(), "another cluster than --hubble.cluster-name"); n != 1 {
-		t.Errorf("logged %d times", n)
-	}
 }
 
 // TestShardWrongClusterName: a shard whose --hubble.cluster-name is not the
