@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -253,4 +255,56 @@ func TestAPIServerCost(t *testing.T) {
 	tr.mu.Lock()
 	t.Logf("watches opened in all: %v", tr.watches)
 	tr.mu.Unlock()
+
+	// The exporter process itself on this cluster, Relay mode (every
+	// node's jobs) and DaemonSet mode (one node's), from its own
+	// process_* and go_* metrics after sync and 20 scrapes.
+	bin := filepath.Join(t.TempDir(), "zonewatch-exporter")
+	build := exec.Command("go", "build", "-o", bin, "./cmd/exporter")
+	build.Dir = filepath.Join("..", "..")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	for _, node := range []string{"", "node-0007"} {
+		addr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
+		testenv.Start(t, t.TempDir(), "exporter", bin, "--kubeconfig="+api.Kubeconfig, "--node-name="+node,
+			"--web.listen-address="+addr, "--no-hubble.enabled", "--gpu.source=none", "--no-conntrack.enabled", "--no-probe.enabled")
+		deadline := time.Now().Add(60 * time.Second)
+		for {
+			res, err := http.Get("http://" + addr + "/readyz")
+			if err == nil {
+				res.Body.Close()
+				if res.StatusCode == 200 {
+					break
+				}
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("exporter (node %q) not ready", node)
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+		var page []byte
+		for range 20 {
+			res, err := http.Get("http://" + addr + "/metrics")
+			if err != nil {
+				t.Fatal(err)
+			}
+			page, _ = io.ReadAll(res.Body)
+			res.Body.Close()
+		}
+		metric := func(name string) string {
+			for _, line := range strings.Split(string(page), "\n") {
+				if strings.HasPrefix(line, name+" ") {
+					return strings.TrimPrefix(line, name+" ")
+				}
+			}
+			return "?"
+		}
+		mode := "Relay (all nodes)"
+		if node != "" {
+			mode = "DaemonSet (" + node + ")"
+		}
+		t.Logf("exporter %s: process_resident_memory_bytes %s, go_memstats_heap_inuse_bytes %s, process_cpu_seconds_total %s (sync and 20 scrapes), page %d bytes",
+			mode, metric("process_resident_memory_bytes"), metric("go_memstats_heap_inuse_bytes"), metric("process_cpu_seconds_total"), len(page))
+	}
 }
