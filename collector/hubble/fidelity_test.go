@@ -15,7 +15,6 @@ import (
 	"log/slog"
 	"net"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -28,6 +27,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/zonewatch/zonewatch/internal/testenv"
 	"github.com/zonewatch/zonewatch/sim"
 )
 
@@ -79,7 +79,7 @@ func TestFieldMaskRefusedFallsBackToWholeFlows(t *testing.T) {
 	s := testScenario()
 	h, sock := startHubble(t, s, "", 0)
 	agg := NewAggregator(indexOf(s), "", time.Minute, nil)
-	var logs syncBuffer
+	var logs testenv.SyncBuffer
 	c := NewClient(Config{Address: "unix://" + sock, Since: t0.Add(-time.Second), FieldMask: []string{"time", "verdict_v2"},
 		BackoffMin: time.Second, BackoffMax: 2 * time.Second, Logger: newTestLogger(&logs)}, agg)
 	runClient(t, c)
@@ -120,24 +120,6 @@ func TestFirstConnectionSkipsTheRingsNewestOldFlows(t *testing.T) {
 	if c.early.Load() != 2 {
 		t.Errorf("%d flows from before the start skipped, want the 2 the server sent first", c.early.Load())
 	}
-}
-
-// syncBuffer is a log destination the client's goroutine writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 func newTestLogger(w io.Writer) *slog.Logger {

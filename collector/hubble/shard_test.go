@@ -9,6 +9,7 @@ import (
 	flowpb "github.com/cilium/cilium/api/v1/flow"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/zonewatch/zonewatch/internal/testenv"
 	"github.com/zonewatch/zonewatch/sim"
 )
 
@@ -146,7 +147,7 @@ func TestShardWrongClusterName(t *testing.T) {
 	for _, n := range s.Nodes {
 		all = append(all, n.Name)
 	}
-	var logs syncBuffer
+	var logs testenv.SyncBuffer
 	f := NewNodeShard(Shard{Index: 0, Total: 1, Cluster: "default"}, func() []string { return all })
 	c := NewClient(Config{Address: "unix://" + sock, Nodes: f, Logger: newTestLogger(&logs),
 		BackoffMin: 10 * time.Millisecond, BackoffMax: 50 * time.Millisecond}, NewAggregator(indexOf(s), "", time.Minute, nil))
