@@ -132,13 +132,14 @@ type Client struct {
 	clusterWarned atomic.Bool
 }
 
-// errMaskRefused ends a session whose server refused the field mask; the
-// next one, without the mask, starts at once.
+// lostKey is a lost_events mark's node and source.
 type lostKey struct {
 	node   string
 	source flowpb.LostEventSource
 }
 
+// errMaskRefused ends a session whose server refused the field mask; the
+// next one, without the mask, starts at once.
 var errMaskRefused = errors.New("hubble server refused the field mask")
 
 // errNodesChanged ends a session whose node filter changed; the next one
