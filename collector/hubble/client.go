@@ -463,12 +463,10 @@ func (c *Client) seen(f *flowpb.Flow) bool {
 			mark = new(int64)
 			*mark = -1 << 63
 			c.marks[node] = mark
-		} else if c.resumed && t <= *mark {
-			c.replayed.Add(1)
-			return true
 		}
 		c.lastNode, c.lastMark = node, mark
-	} else if c.resumed && t <= *mark {
+	}
+	if c.resumed && t <= *mark {
 		c.replayed.Add(1)
 		return true
 	}
