@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -188,7 +189,7 @@ func Build(ctx context.Context, q Querier, o Options) (*Report, error) {
 	for _, s := range drops {
 		l := line(s.Metric)
 		l.PolicyDropEvents += float64(s.Value)
-		if p := string(s.Metric["policy"]); p != "" && !contains(l.DenyingPolicies, p) {
+		if p := string(s.Metric["policy"]); p != "" && !slices.Contains(l.DenyingPolicies, p) {
 			l.DenyingPolicies = append(l.DenyingPolicies, p)
 		}
 	}
@@ -237,7 +238,7 @@ func (n *Line) add(l *Line) {
 	n.TotalDollars += l.TotalDollars
 	n.PolicyDropEvents += l.PolicyDropEvents
 	for _, p := range l.DenyingPolicies {
-		if !contains(n.DenyingPolicies, p) {
+		if !slices.Contains(n.DenyingPolicies, p) {
 			n.DenyingPolicies = append(n.DenyingPolicies, p)
 		}
 	}
@@ -260,15 +261,6 @@ func sortLines(ls []Line) {
 }
 
 func cents(d float64) int64 { return int64(math.Round(d * 100)) }
-
-func contains(ss []string, s string) bool {
-	for _, x := range ss {
-		if x == s {
-			return true
-		}
-	}
-	return false
-}
 
 func find(v model.Vector, label, value string) *model.Sample {
 	for _, s := range v {
