@@ -27,12 +27,18 @@ type Source interface {
 	Up() bool
 }
 
+// The self families' names and help (Gatherer adds the placement's).
+const (
+	scrapeDurationName = namespace + "_scrape_collector_duration_seconds"
+	scrapeDurationHelp = "Time a zonewatch collector took to produce its metrics in this scrape."
+	scrapeSuccessName  = namespace + "_scrape_collector_success"
+	scrapeSuccessHelp  = "Whether a zonewatch collector succeeded in this scrape (1) or failed (0)."
+)
+
 var (
-	scrapeDurationDesc = prometheus.NewDesc(namespace+"_scrape_collector_duration_seconds",
-		"Time a zonewatch collector took to produce its metrics in this scrape.", []string{"collector"}, nil)
-	scrapeSuccessDesc = prometheus.NewDesc(namespace+"_scrape_collector_success",
-		"Whether a zonewatch collector succeeded in this scrape (1) or failed (0).", []string{"collector"}, nil)
-	sourceUpDesc = prometheus.NewDesc(namespace+"_source_up",
+	scrapeDurationDesc = prometheus.NewDesc(scrapeDurationName, scrapeDurationHelp, []string{"collector"}, nil)
+	scrapeSuccessDesc  = prometheus.NewDesc(scrapeSuccessName, scrapeSuccessHelp, []string{"collector"}, nil)
+	sourceUpDesc       = prometheus.NewDesc(namespace+"_source_up",
 		"Whether a data source (kubernetes, hubble, gpu, podresources, conntrack) is connected and delivering (1) or not (0).", []string{"source"}, nil)
 )
 

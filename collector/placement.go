@@ -13,16 +13,21 @@ import (
 	"github.com/zonewatch/zonewatch/topology"
 )
 
+// The placement families: name and help, for the Desc and for Gatherer.
+const (
+	jobPodInfoName = namespace + "_job_pod_info"
+	jobPodInfoHelp = "A training-job pod scheduled on this exporter's node (1). role is coordinator or worker."
+	jobZonesName   = namespace + "_job_zones"
+	jobZonesHelp   = "Distinct zones of the job's scheduled pods, cluster-wide; emitted by every exporter that hosts a pod of the job (take max)."
+	jobSplitName   = namespace + "_job_split_zone"
+	jobSplitHelp   = "1 when the job's scheduled pods span more than one zone, else 0."
+)
+
 var (
-	jobPodInfoDesc = prometheus.NewDesc(namespace+"_job_pod_info",
-		"A training-job pod scheduled on this exporter's node (1). role is coordinator or worker.",
+	jobPodInfoDesc = prometheus.NewDesc(jobPodInfoName, jobPodInfoHelp,
 		[]string{"namespace", "job_name", "job_kind", "pod", "role", "node", "zone"}, nil)
-	jobZonesDesc = prometheus.NewDesc(namespace+"_job_zones",
-		"Distinct zones of the job's scheduled pods, cluster-wide; emitted by every exporter that hosts a pod of the job (take max).",
-		[]string{"namespace", "job_name"}, nil)
-	jobSplitDesc = prometheus.NewDesc(namespace+"_job_split_zone",
-		"1 when the job's scheduled pods span more than one zone, else 0.",
-		[]string{"namespace", "job_name"}, nil)
+	jobZonesDesc = prometheus.NewDesc(jobZonesName, jobZonesHelp, []string{"namespace", "job_name"}, nil)
+	jobSplitDesc = prometheus.NewDesc(jobSplitName, jobSplitHelp, []string{"namespace", "job_name"}, nil)
 )
 
 // Placements is the topology view the placement collector reads. Each
@@ -77,11 +82,20 @@ func NewShardPlacement(index Placements, owns func(node string) bool) *Placement
 	return p
 }
 
-// Update implements Collector. The series go out in the order the registry
-// sorts them into (label values by label name: job_kind, job_name,
-// namespace, node, pod for the pod series; job_name, namespace for the
-// job series), so its sort finds them sorted.
+// Update implements Collector: the job series through the registry (the
+// golden tests' and DaemonSet path). Gatherer serves the same series
+// without the registry's per-series work.
 func (p *Placement) Update(ch chan<- prometheus.Metric) error {
+	p.each(func(g *gauge) { ch <- g })
+	return nil
+}
+
+// each calls fn for every series, in the order the registry sorts them
+// into (label values by label name: job_kind, job_name, namespace, node,
+// pod for the pod series; job_name, namespace for the job series): the
+// pod series, then job_zones, then job_split_zone. It renders the jobs
+// whose placement changed since the last call.
+func (p *Placement) each(fn func(*gauge)) {
 	placements := p.index.Placements(p.node)
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -111,22 +125,21 @@ func (p *Placement) Update(ch chan<- prometheus.Metric) error {
 	})
 	for _, r := range p.order {
 		for i := range r.podInfo {
-			ch <- &r.podInfo[i]
+			fn(&r.podInfo[i])
 		}
 	}
 	slices.SortFunc(p.order, func(a, b *renderedJob) int {
 		return cmp.Or(strings.Compare(a.job.Name, b.job.Name), strings.Compare(a.job.Namespace, b.job.Namespace))
 	})
 	for _, r := range p.order {
-		ch <- r.zones
+		fn(r.zones)
 	}
 	for _, r := range p.order {
-		ch <- r.split
+		fn(r.split)
 	}
 	if cap(p.order) > 2*len(p.order)+64 {
 		p.order = nil // the cluster shrank
 	}
-	return nil
 }
 
 // Label names, shared by every series.
@@ -185,34 +198,34 @@ func (p *Placement) render(j *topology.JobPlacement) *renderedJob {
 		if p.node != "" && pod.Node != p.node || p.owns != nil && !p.owns(pod.Node) {
 			continue
 		}
-		r.podInfo = append(r.podInfo, gauge{desc: jobPodInfoDesc, value: one, labels: []*dto.LabelPair{
+		r.podInfo = append(r.podInfo, gauge{desc: jobPodInfoDesc, m: dto.Metric{Gauge: one, Label: []*dto.LabelPair{
 			kind, name, ns, p.pair(nameNode, pod.Node), {Name: namePod, Value: proto.String(pod.Pod)},
-			p.pair(nameRole, pod.Role), p.pair(nameZone, pod.Zone)}})
+			p.pair(nameRole, pod.Role), p.pair(nameZone, pod.Zone)}}})
 	}
 	if p.owns != nil && len(r.podInfo) == 0 {
 		return r // none of the job's pods is on this shard's nodes: no series
 	}
 	job := []*dto.LabelPair{name, ns}
-	r.zones = &gauge{desc: jobZonesDesc, value: p.value(float64(len(j.Zones))), labels: job}
+	r.zones = &gauge{desc: jobZonesDesc, m: dto.Metric{Gauge: p.value(float64(len(j.Zones))), Label: job}}
 	split := 0.0
 	if j.Split() {
 		split = 1
 	}
-	r.split = &gauge{desc: jobSplitDesc, value: p.value(split), labels: job}
+	r.split = &gauge{desc: jobSplitDesc, m: dto.Metric{Gauge: p.value(split), Label: job}}
 	return r
 }
 
 // gauge is a series rendered once: its Write hands out the same read-only
-// label pairs and value on every scrape, without allocating.
+// label pairs and value on every scrape, without allocating, and Gatherer
+// hands out m itself.
 type gauge struct {
-	desc   *prometheus.Desc
-	labels []*dto.LabelPair
-	value  *dto.Gauge
+	desc *prometheus.Desc
+	m    dto.Metric
 }
 
 func (g *gauge) Desc() *prometheus.Desc { return g.desc }
 
 func (g *gauge) Write(out *dto.Metric) error {
-	out.Label, out.Gauge = g.labels, g.value
+	out.Label, out.Gauge = g.m.Label, g.m.Gauge
 	return nil
 }

@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
+	"strings"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -128,7 +129,8 @@ func bigIndex(jobs, podsPerJob int) *topology.Index {
 // root collector, through promhttp): the whole cluster at 2,000 jobs of 10
 // pods (one replica with Relay; warm: the rendered series are reused, cold:
 // a new collector renders every job), and one node's view (DaemonSet) at
-// 200 and 2,000 jobs, which must cost the same.
+// 200 and 2,000 jobs, which must cost the same; -gatherer serves the
+// placement series beside the registry (Gatherer), as cmd/exporter does.
 func BenchmarkMetricsRender(b *testing.B) {
 	small, large := bigIndex(200, 10), bigIndex(2000, 10)
 	for _, c := range []struct {
@@ -142,13 +144,22 @@ func BenchmarkMetricsRender(b *testing.B) {
 		{"one-node-200-jobs", small, "node-00007", false},
 		{"one-node-2000-jobs", large, "node-00007", false},
 		{"one-node-2000-jobs-cold", large, "node-00007", true},
+		{"all-2000-jobs-gatherer", large, "", false},
+		{"one-node-2000-jobs-gatherer", large, "node-00007", false},
 	} {
 		b.Run(c.name, func(b *testing.B) {
 			exp := collector.New(slog.New(slog.NewTextHandler(io.Discard, nil)))
-			exp.Add("placement", collector.NewPlacement(c.index, c.node))
+			gatherer := strings.HasSuffix(c.name, "-gatherer")
+			p := collector.NewPlacement(c.index, c.node)
+			if !gatherer {
+				exp.Add("placement", p)
+			}
 			reg := prometheus.NewRegistry()
 			reg.MustRegister(exp)
 			h := promhttp.HandlerFor(reg, promhttp.HandlerOpts{})
+			if gatherer { // as cmd/exporter serves it
+				h = promhttp.HandlerFor(collector.Gatherer(reg, p), promhttp.HandlerOpts{})
+			}
 			req := httptest.NewRequest("GET", "/metrics", nil)
 			h.ServeHTTP(httptest.NewRecorder(), req) // warm: the series are rendered
 			b.ReportAllocs()
@@ -231,4 +242,48 @@ func TestPlacementCacheHeap(t *testing.T) {
 	for range ch {
 	}
 	runtime.KeepAlive(p)
+}
+
+// TestGathererSamePage: the placement series served by Gatherer (beside
+// the registry) make the same /metrics page as through the registry,
+// placement's duration and success included, and promtool accepts it.
+func TestGathererSamePage(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		index *topology.Index
+		node  string
+	}{{"sim-all", simIndex(), ""}, {"sim-gpu-a1", simIndex(), "gpu-a1"}, {"200-jobs", bigIndex(200, 10), ""}} {
+		t.Run(c.name, func(t *testing.T) {
+			page := func(viaGatherer bool) []byte {
+				exp := collector.New(slog.New(slog.NewTextHandler(io.Discard, nil)))
+				exp.AddSource("kubernetes", up(true))
+				p := collector.NewPlacement(c.index, c.node)
+				reg := prometheus.NewPedanticRegistry()
+				reg.MustRegister(exp)
+				var g prometheus.Gatherer = reg
+				if viaGatherer {
+					g = collector.Gatherer(reg, p)
+				} else {
+					exp.Add("placement", p)
+				}
+				return durationLine.ReplaceAll(render(t, g), []byte("$1 0"))
+			}
+			want, got := page(false), page(true)
+			if !bytes.Equal(got, want) {
+				t.Fatalf("Gatherer page differs:\n%s\nregistry page:\n%s", got, want)
+			}
+			if c.name == "sim-all" {
+				promtoolCheckMetrics(t, got)
+			}
+		})
+	}
+	// Registered twice, the families are refused, not doubled.
+	exp := collector.New(slog.New(slog.NewTextHandler(io.Discard, nil)))
+	p := collector.NewPlacement(simIndex(), "")
+	exp.Add("placement", p)
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(exp)
+	if _, err := collector.Gatherer(reg, p).Gather(); err == nil {
+		t.Error("a placement collector gathered twice is not an error")
+	}
 }
