@@ -62,8 +62,8 @@ type wiring struct {
 	logger   *slog.Logger
 	index    *topology.Index
 	exporter *collector.Exporter
-	// self is the registry of the exporter's own counters (flows processed,
-	// reconnects, ...), kept apart from the job metrics.
+	// self registers the exporter's own counters (flows processed,
+	// reconnects, ...); the job metrics are served from the same registry.
 	self     prometheus.Registerer
 	nodeName string
 	// shard is this replica's share of the nodes in Relay mode (one shard
