@@ -145,6 +145,7 @@ func BenchmarkMetricsRender(b *testing.B) {
 		{"one-node-2000-jobs", large, "node-00007", false},
 		{"one-node-2000-jobs-cold", large, "node-00007", true},
 		{"all-2000-jobs-gatherer", large, "", false},
+		{"one-node-200-jobs-gatherer", small, "node-00007", false},
 		{"one-node-2000-jobs-gatherer", large, "node-00007", false},
 	} {
 		b.Run(c.name, func(b *testing.B) {
