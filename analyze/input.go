@@ -14,6 +14,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/yaml"
 
+	"github.com/zonewatch/zonewatch/collector/gpu"
 	"github.com/zonewatch/zonewatch/collector/kube"
 	"github.com/zonewatch/zonewatch/topology"
 )
@@ -145,15 +146,16 @@ func loadNodes(index *topology.Index, path string) (map[string]nodeInfo, error) 
 	return nodes, nil
 }
 
-// isGPUNode: NVIDIA GPUs in the node's capacity (whole or MIG), or the
-// GPU operator's feature label.
+// isGPUNode: NVIDIA GPUs in the node's capacity (whole or MIG: the
+// resource names the GPU collector matches), or the GPU operator's
+// feature label.
 func isGPUNode(n *corev1.Node) bool {
 	if n.Labels["nvidia.com/gpu.present"] == "true" {
 		return true
 	}
 	for _, list := range []corev1.ResourceList{n.Status.Capacity, n.Status.Allocatable} {
 		for name, q := range list {
-			if (name == "nvidia.com/gpu" || strings.HasPrefix(string(name), "nvidia.com/mig-")) && !q.IsZero() {
+			if (gpu.ResourceFilter{}).Match(string(name)) && !q.IsZero() {
 				return true
 			}
 		}
