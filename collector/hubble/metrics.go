@@ -91,7 +91,7 @@ type Metrics struct {
 
 // NewMetrics creates the self metrics and registers them with reg (nil:
 // unregistered, for tests and offline analysis). A metric another part has
-// registered already (zonewatch_flows_unresolved_total) is shared.
+// registered already (zonewatch_hubble_flows_unresolved_total) is shared.
 func NewMetrics(reg prometheus.Registerer) *Metrics {
 	processed := prometheus.NewCounter(prometheus.CounterOpts{Name: "zonewatch_hubble_flows_processed_total",
 		Help: "Flows received from Hubble and classified, counted or not: the flows the server-side filter passes (trace, drop and policy-verdict events), not every event Hubble saw (lost events are of every kind)."})
@@ -99,7 +99,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Help: "Times the Hubble flow stream was re-established after it broke."})
 	lost := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "zonewatch_hubble_lost_events_total",
 		Help: "Flow events Hubble reported lost (lost_events), by the buffer they were lost in."}, []string{"buffer"})
-	unresolved := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "zonewatch_flows_unresolved_total",
+	unresolved := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "zonewatch_hubble_flows_unresolved_total",
 		Help: "Counted flows with a side whose cluster address the topology index could not place (side=source|destination); internet peers are not unresolved."}, []string{"side"})
 	maskRefused := prometheus.NewCounter(prometheus.CounterOpts{Name: "zonewatch_hubble_field_mask_refused_total",
 		Help: "Times a Hubble server refused the field mask (invalid fieldmask: it lacks a Flow field the mask names); the client then receives whole flows."})
