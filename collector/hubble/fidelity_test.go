@@ -194,13 +194,14 @@ func TestL7DenialNotCounted(t *testing.T) {
 	// like Cilium's filters).
 	h, sock := startHubble(t, s, "", 0)
 	agg := NewAggregator(indexOf(s), "", time.Minute, nil)
-	follow(t, sock, agg, true)
+	c := follow(t, sock, agg, true)
 	f.Time = timestamppb.New(t0)
 	drop := flowOf("gpu-c1", bertWorker, bertCoord, flowpb.Verdict_DROPPED, eventDrop)
 	drop.Time = timestamppb.New(t0.Add(time.Second))
 	h.Publish(f, drop)
-	waitFor(t, "the drop", func() bool { return testutil.ToFloat64(agg.Metrics().Processed) >= 1 })
-	time.Sleep(100 * time.Millisecond)
+	waitFor(t, "the drop and every flow sent", func() bool {
+		return testutil.ToFloat64(agg.Metrics().Processed) >= 1 && delivered([]*sim.Hubble{h}, c)
+	})
 	if got := testutil.ToFloat64(agg.Metrics().Processed); got != 1 {
 		t.Errorf("processed %v flows, want 1 (the drop, not the L7 denial)", got)
 	}
@@ -271,8 +272,8 @@ func TestFieldMaskRefusedThroughRelay(t *testing.T) {
 	agg := NewAggregator(indexOf(testScenario()), "", time.Minute, nil)
 	c := NewClient(Config{Address: lis.Addr().String(), Since: t0, BackoffMin: time.Minute, BackoffMax: time.Minute}, agg)
 	runClient(t, c)
-	waitFor(t, "three flows", func() bool { return testutil.ToFloat64(agg.Metrics().Processed) == 3 })
-	time.Sleep(100 * time.Millisecond)
+	// The fake sends four flows in all: one masked, three whole.
+	waitFor(t, "the four flows", func() bool { return received(c) == 4 })
 	if got := testutil.ToFloat64(agg.Metrics().FieldMaskRefused); got != 1 {
 		t.Errorf("field mask refusals = %v, want 1", got)
 	}
