@@ -25,14 +25,10 @@ func AddCommand(app *kingpin.Application, jobRules *[]string, stdout, stderr io.
 	// Positional files join --flows, so that `--flows node-*.jsonl` works.
 	moreFlows := cmd.Arg("flow-files", "More hubble observe output files.").Strings()
 	return func() int {
-		var rules []topology.Rule
-		for _, s := range *jobRules {
-			r, err := topology.ParseRule(s)
-			if err != nil {
-				fmt.Fprintf(stderr, "zonewatch-exporter analyze: --kube.job-rule: %v\n", err)
-				return 2
-			}
-			rules = append(rules, r)
+		rules, err := topology.ParseRules(*jobRules)
+		if err != nil {
+			fmt.Fprintf(stderr, "zonewatch-exporter analyze: --kube.job-rule: %v\n", err)
+			return 2
 		}
 		rep, err := Run(Input{Nodes: *nodes, Pods: *pods, Flows: append(*flows, *moreFlows...), GPU: *gpuPage, Rules: rules, Warn: stderr})
 		if err != nil {

@@ -198,6 +198,23 @@ func DefaultRules() []Rule {
 // RuleSyntax is the --kube.job-rule value syntax, for flag help and docs.
 const RuleSyntax = "name=LABEL,kind=KIND[,role=LABEL|LABEL][,rank0=LABEL|LABEL][,coordinator=LABEL[=VALUE]][,group=LABEL][,indexed=true][,minpods=N]"
 
+// ParseRules parses the --kube.job-rule values; none means the built-in
+// rules.
+func ParseRules(specs []string) ([]Rule, error) {
+	if len(specs) == 0 {
+		return DefaultRules(), nil
+	}
+	rules := make([]Rule, 0, len(specs))
+	for _, s := range specs {
+		r, err := ParseRule(s)
+		if err != nil {
+			return nil, err
+		}
+		rules = append(rules, r)
+	}
+	return rules, nil
+}
+
 // ParseRule reads a rule from a flag value (RuleSyntax). coordinator=LABEL=VALUE
 // marks pods whose LABEL is VALUE; coordinator=LABEL alone reads LABEL as
 // the coordinator's hostname (JobSet's form). group=LABEL makes each value

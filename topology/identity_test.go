@@ -352,3 +352,16 @@ func TestKeys(t *testing.T) {
 		}
 	}
 }
+
+func TestParseRules(t *testing.T) {
+	if r, err := ParseRules(nil); err != nil || len(r) != len(DefaultRules()) {
+		t.Errorf("no flags: %d rules, %v; want the %d built-in ones", len(r), err, len(DefaultRules()))
+	}
+	r, err := ParseRules([]string{"name=example.com/job,kind=SiteJob", "name=other.io/run,kind=Run"})
+	if err != nil || len(r) != 2 || r[0].Kind != "SiteJob" || r[1].Kind != "Run" {
+		t.Errorf("two flags: %+v, %v", r, err)
+	}
+	if _, err := ParseRules([]string{"name=example.com/job,kind=SiteJob", "kind=NoName"}); err == nil {
+		t.Error("a bad rule among good ones parsed")
+	}
+}

@@ -168,17 +168,10 @@ func run(ctx context.Context, args []string) int {
 	logger.Info("starting zonewatch-exporter", "version", version.Info())
 	logger.Info("build context", "build_context", version.BuildContext())
 
-	rules := topology.DefaultRules()
-	if len(*o.jobRules) > 0 {
-		rules = rules[:0]
-		for _, s := range *o.jobRules {
-			r, err := topology.ParseRule(s)
-			if err != nil {
-				logger.Error("bad --kube.job-rule", "err", err)
-				return 2
-			}
-			rules = append(rules, r)
-		}
+	rules, err := topology.ParseRules(*o.jobRules)
+	if err != nil {
+		logger.Error("bad --kube.job-rule", "err", err)
+		return 2
 	}
 
 	w := &wiring{logger: logger, index: topology.NewIndex(), nodeName: *o.nodeName,
