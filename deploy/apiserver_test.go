@@ -13,16 +13,12 @@ import (
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/discovery"
-	"k8s.io/client-go/discovery/cached/memory"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/restmapper"
 
 	"github.com/zonewatch/zonewatch/internal/testenv"
 )
@@ -78,24 +74,7 @@ func TestServerSideDryRun(t *testing.T) {
 		waitEstablished(ctx, t, dyn.Resource(crdGVR), crd.GetName())
 	}
 
-	disc, err := discovery.NewDiscoveryClientForConfig(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	mapper := restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(disc))
-	mapping := func(gvk schema.GroupVersionKind) (*meta.RESTMapping, error) {
-		// A new CRD's group reaches discovery shortly after it is established.
-		var err error
-		for range 50 {
-			var m *meta.RESTMapping
-			if m, err = mapper.RESTMapping(gvk.GroupKind(), gvk.Version); err == nil {
-				return m, nil
-			}
-			mapper.Reset()
-			time.Sleep(100 * time.Millisecond)
-		}
-		return nil, err
-	}
+	mapping := restMapping(t, cfg)
 
 	sets := map[string][]*unstructured.Unstructured{"committed deploy/manifests": committed(t)}
 	tools := testenv.ToolsBin(t, "etcd", "kube-apiserver")
@@ -124,10 +103,7 @@ func TestServerSideDryRun(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				var ri dynamic.ResourceInterface = dyn.Resource(m.Resource)
-				if m.Scope.Name() == meta.RESTScopeNameNamespace {
-					ri = dyn.Resource(m.Resource).Namespace(o.GetNamespace())
-				}
+				ri := resourceOf(dyn, m, o)
 				force := true
 				before := warnings.count()
 				_, err = ri.Patch(ctx, o.GetName(), types.ApplyPatchType, body, metav1.PatchOptions{

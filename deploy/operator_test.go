@@ -20,11 +20,8 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/discovery"
-	"k8s.io/client-go/discovery/cached/memory"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/restmapper"
 	"k8s.io/client-go/util/jsonpath"
 	"sigs.k8s.io/yaml"
 
@@ -73,23 +70,7 @@ func startOperatorStack(ctx context.Context, t *testing.T) *operatorStack {
 	if _, err := dyn.Resource(schema.GroupVersionResource{Version: "v1", Resource: "namespaces"}).Create(ctx, ns, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	disc, err := discovery.NewDiscoveryClientForConfig(api.Config)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rm := restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(disc))
-	mapper := func(gvk schema.GroupVersionKind) (*meta.RESTMapping, error) {
-		var err error
-		for range 50 {
-			var m *meta.RESTMapping
-			if m, err = rm.RESTMapping(gvk.GroupKind(), gvk.Version); err == nil {
-				return m, nil
-			}
-			rm.Reset()
-			time.Sleep(100 * time.Millisecond)
-		}
-		return nil, err
-	}
+	mapper := restMapping(t, api.Config)
 	log := promoperator.Start(t, tools, api.Kubeconfig, namespace)
 	return &operatorStack{dyn: dyn, client: client, mapper: mapper, tools: tools, log: log}
 }
@@ -127,10 +108,7 @@ func (s *operatorStack) resource(t *testing.T, o *unstructured.Unstructured) dyn
 	if err != nil {
 		t.Fatalf("%s: no API resource: %v", o.GetKind(), err)
 	}
-	if m.Scope.Name() == meta.RESTScopeNameNamespace {
-		return s.dyn.Resource(m.Resource).Namespace(o.GetNamespace())
-	}
-	return s.dyn.Resource(m.Resource)
+	return resourceOf(s.dyn, m, o)
 }
 
 func (s *operatorStack) wait(ctx context.Context, t *testing.T, prometheus, what string, cond func(*promoperator.Generated) bool) *promoperator.Generated {

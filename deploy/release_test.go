@@ -10,17 +10,13 @@ import (
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/discovery"
-	"k8s.io/client-go/discovery/cached/memory"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/restmapper"
 	"sigs.k8s.io/yaml"
 
 	"github.com/zonewatch/zonewatch/internal/testenv"
@@ -150,14 +146,10 @@ func applyStrict(ctx context.Context, t *testing.T, api *testenv.APIServer, objs
 	if err != nil {
 		t.Fatal(err)
 	}
-	disc, err := discovery.NewDiscoveryClientForConfig(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	mapper := restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(disc))
+	mapping := restMapping(t, cfg)
 	force := true
 	for _, o := range objs {
-		m, err := mapper.RESTMapping(o.GroupVersionKind().GroupKind(), o.GroupVersionKind().Version)
+		m, err := mapping(o.GroupVersionKind())
 		if err != nil {
 			t.Errorf("%s %s: no API resource: %v", o.GetKind(), o.GetName(), err)
 			continue
@@ -166,10 +158,7 @@ func applyStrict(ctx context.Context, t *testing.T, api *testenv.APIServer, objs
 		if err != nil {
 			t.Fatal(err)
 		}
-		var ri dynamic.ResourceInterface = dyn.Resource(m.Resource)
-		if m.Scope.Name() == meta.RESTScopeNameNamespace {
-			ri = dyn.Resource(m.Resource).Namespace(o.GetNamespace())
-		}
+		ri := resourceOf(dyn, m, o)
 		before := warnings.count()
 		if _, err := ri.Patch(ctx, o.GetName(), types.ApplyPatchType, body, metav1.PatchOptions{
 			DryRun: []string{metav1.DryRunAll}, FieldManager: "zonewatch-release-test", Force: &force,
