@@ -193,7 +193,7 @@ func loadPods(index *topology.Index, rules []topology.Rule, path string) (map[jo
 	if err != nil {
 		return nil, f.wrap(err)
 	}
-	if _, _, err := kube.LoadPodsWithOwners(index, rules, owners, bytes.NewReader(f.json)); err != nil {
+	if _, _, err := kube.LoadPods(index, rules, owners, bytes.NewReader(f.json)); err != nil {
 		return nil, f.wrap(err)
 	}
 	jobs := map[jobKey]*jobPods{}

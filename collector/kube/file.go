@@ -31,15 +31,10 @@ func LoadNodes(index *topology.Index, r io.Reader) (int, error) {
 }
 
 // LoadPods reads `kubectl get pods -o json` output into the index, keeping
-// the pods that rules identify as job pods. It returns pods read and job
-// pods kept.
-func LoadPods(index *topology.Index, rules []topology.Rule, r io.Reader) (read, kept int, err error) {
-	return LoadPodsWithOwners(index, rules, nil, r)
-}
-
-// LoadPodsWithOwners is LoadPods resolving each pod's top owner through
-// owners (LoadOwners of the same dump, for one).
-func LoadPodsWithOwners(index *topology.Index, rules []topology.Rule, owners topology.Owners, r io.Reader) (read, kept int, err error) {
+// the pods that rules identify as job pods, each with its top owner
+// resolved through owners (LoadOwners of the same dump, for one; nil: the
+// pods' own owner references). It returns pods read and job pods kept.
+func LoadPods(index *topology.Index, rules []topology.Rule, owners topology.Owners, r io.Reader) (read, kept int, err error) {
 	err = decodeObjects(r, "Pod", func(raw json.RawMessage) error {
 		var pod corev1.Pod
 		if err := json.Unmarshal(raw, &pod); err != nil {
