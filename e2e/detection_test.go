@@ -3,7 +3,6 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -38,16 +37,7 @@ func TestBlockedWithoutGPUTelemetry(t *testing.T) {
 	bin := exporterBinary(t)
 
 	dir := t.TempDir()
-	bpffs := filepath.Join(dir, "bpffs")
-	if err := os.Mkdir(bpffs, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	if err := mountBPFFS(t, bpffs); err != nil {
-		if os.Getenv("ZONEWATCH_REQUIRE_TOOLS") != "" || os.Getenv("CI") != "" {
-			t.Fatal(err)
-		}
-		t.Skip(err)
-	}
+	bpffs := bpffsIn(t, dir)
 	api := testenv.StartAPIServer(t)
 	client := kubernetes.NewForConfigOrDie(api.Config)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)

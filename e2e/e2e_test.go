@@ -7,7 +7,6 @@ import (
 	"math"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -99,16 +98,7 @@ func TestEndToEnd(t *testing.T) {
 	t.Logf("exporter built in %s", time.Since(began).Round(time.Millisecond))
 
 	dir := t.TempDir()
-	bpffs := filepath.Join(dir, "bpffs")
-	if err := os.Mkdir(bpffs, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	if err := mountBPFFS(t, bpffs); err != nil {
-		if os.Getenv("ZONEWATCH_REQUIRE_TOOLS") != "" || os.Getenv("CI") != "" {
-			t.Fatal(err)
-		}
-		t.Skip(err)
-	}
+	bpffs := bpffsIn(t, dir)
 
 	api := testenv.StartAPIServer(t)
 	client := kubernetes.NewForConfigOrDie(api.Config)

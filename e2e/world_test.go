@@ -342,6 +342,23 @@ func (c *ctState) update(s *sim.Scenario, node string, now time.Time) error {
 	return nil
 }
 
+// bpffsIn mounts a BPF filesystem at dir/bpffs for the simulated Cilium
+// maps; without the privilege the test skips, unless tools are required.
+func bpffsIn(t *testing.T, dir string) string {
+	t.Helper()
+	bpffs := filepath.Join(dir, "bpffs")
+	if err := os.Mkdir(bpffs, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := mountBPFFS(t, bpffs); err != nil {
+		if os.Getenv("ZONEWATCH_REQUIRE_TOOLS") != "" || os.Getenv("CI") != "" {
+			t.Fatal(err)
+		}
+		t.Skip(err)
+	}
+	return bpffs
+}
+
 // mountBPFFS mounts a BPF filesystem at dir for the test's lifetime.
 func mountBPFFS(t *testing.T, dir string) error {
 	if err := syscall.Mount("bpf", dir, "bpf", 0, "mode=0700"); err != nil {
