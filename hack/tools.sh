@@ -18,6 +18,14 @@ HELM_VERSION=v3.22.0
 STATICCHECK_VERSION=v0.8.2
 # The CRDs deploy/apiserver_test.go installs come from the same version.
 PROMETHEUS_OPERATOR_VERSION=v0.85.0
+# The real-Cilium lab (internal/ciliumlab): agent, CNI plugin and Hubble
+# Relay from the module; the agent compiles its BPF at run time with
+# Debian's clang/llc 19 (Cilium's own LLVM major).
+CILIUM_VERSION=v1.20.2
+# v1.20.2 pins a gobgp pseudo-version the module proxy refuses (403); v4.7.0
+# was tagged the same day. BGP stays off in the lab.
+CILIUM_GOBGP_REPLACE=v4.7.0
+LLVM_APT_VERSION=1:19.1.7-3~deb12u1
 # make lint checks .github/workflows with it.
 ACTIONLINT_VERSION=v1.7.12
 # Release tools, built only with --release (make sbom, make push): the SBOM
@@ -58,28 +66,72 @@ etcd_bin() {
   if [ -d /run/systemd/system ]; then systemctl disable --now etcd >/dev/null 2>&1 || true; fi
 }
 
-# kube-apiserver is not a go-installable module on its own: k8s.io/kubernetes
-# points its staging modules at local paths. A wrapper module replaces each
-# with the published v0.x version of the same release.
-kube_apiserver() {
-  local dir=$tools/kube-apiserver-$K8S_VERSION
-  if [ -x "$dir/kube-apiserver" ]; then return; fi
-  log "building kube-apiserver $K8S_VERSION (cold: about 6 minutes)"
-  local w=$tools/kube-apiserver-build
-  rm -rf "$w"; mkdir -p "$w"
+# kube-apiserver and kube-scheduler are not go-installable modules on their
+# own: k8s.io/kubernetes points its staging modules at local paths. A wrapper
+# module replaces each with the published v0.x version of the same release;
+# both binaries are built from it in one go (they share most packages).
+kube_components() {
+  local dir=$tools/kube-$K8S_VERSION
+  if [ -x "$dir/kube-apiserver" ] && [ -x "$dir/kube-scheduler" ]; then return; fi
+  log "building kube-apiserver and kube-scheduler $K8S_VERSION (cold: about 7 minutes)"
+  local w=$tools/kube-build
+  rm -rf "$w" "$dir.tmp"; mkdir -p "$w"
   local gomod
   gomod=$(cd "$w" && go mod download -json "k8s.io/kubernetes@$K8S_VERSION" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')
   {
-    echo "module zonewatch.local/kubeapiserver"
+    echo "module zonewatch.local/kubecomponents"
     echo "go 1.26"
     echo "require k8s.io/kubernetes $K8S_VERSION"
     grep -oE '^\s*k8s\.io/[a-z0-9-]+ => \./staging/src/k8s\.io/[a-z0-9-]+' "$gomod" |
       awk -v v="$K8S_STAGING_VERSION" '{print "replace " $1 " => " $1 " " v}'
   } >"$w/go.mod"
-  printf '//go:build tools\n\npackage main\n\nimport _ "k8s.io/kubernetes/cmd/kube-apiserver"\n' >"$w/tools.go"
+  printf '//go:build tools\n\npackage main\n\nimport (\n\t_ "k8s.io/kubernetes/cmd/kube-apiserver"\n\t_ "k8s.io/kubernetes/cmd/kube-scheduler"\n)\n' >"$w/tools.go"
   local ldflags="-s -w -X k8s.io/component-base/version.gitVersion=$K8S_VERSION -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=37"
-  (cd "$w" && go get "k8s.io/kubernetes/cmd/kube-apiserver@$K8S_VERSION" >&2)
-  (cd "$w" && CGO_ENABLED=0 go build -trimpath -ldflags "$ldflags" -o "$dir.tmp/kube-apiserver" k8s.io/kubernetes/cmd/kube-apiserver)
+  (cd "$w" && go get "k8s.io/kubernetes/cmd/kube-apiserver@$K8S_VERSION" "k8s.io/kubernetes/cmd/kube-scheduler@$K8S_VERSION" >&2)
+  mkdir -p "$dir.tmp"
+  for c in kube-apiserver kube-scheduler; do
+    (cd "$w" && CGO_ENABLED=0 go build -trimpath -ldflags "$ldflags" -o "$dir.tmp/$c" "k8s.io/kubernetes/cmd/$c")
+  done
+  rm -rf "$dir"; mv "$dir.tmp" "$dir"
+  rm -rf "$w"
+}
+
+# Cilium's go.mod replaces nothing we can't have except one gobgp
+# pseudo-version; a wrapper module requires it at the tag and builds the
+# agent, the CNI plugin and hubble-relay. The agent's BPF sources come from
+# the same module (lib/bpf beside the binaries). clang-19/llvm-19 from apt,
+# linked as clang and llc (the names the agent runs).
+cilium() {
+  local v=$CILIUM_VERSION
+  local dir=$tools/cilium-$v
+  if ! command -v clang-19 >/dev/null 2>&1 || ! command -v llc-19 >/dev/null 2>&1 || ! command -v iptables >/dev/null 2>&1; then
+    log "installing clang-19, llvm-19, iptables from Debian"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq >&2
+    apt-get install -y -qq --no-install-recommends "clang-19=$LLVM_APT_VERSION" "llvm-19=$LLVM_APT_VERSION" iptables >&2
+  fi
+  if [ -x "$dir/cilium-agent" ] && [ -x "$dir/cilium-cni" ] && [ -x "$dir/hubble-relay" ] && [ -d "$dir/lib/bpf" ]; then return; fi
+  log "building cilium-agent, cilium-cni, hubble-relay $v (cold: about 8 minutes, 3 GB)"
+  local w=$tools/cilium-build m=github.com/cilium/cilium
+  rm -rf "$w" "$dir.tmp"; mkdir -p "$w" "$dir.tmp"
+  {
+    echo "module zonewatch.local/cilium"
+    echo "go 1.26"
+    echo "require $m $v"
+    echo "replace github.com/osrg/gobgp/v4 => github.com/osrg/gobgp/v4 $CILIUM_GOBGP_REPLACE"
+  } >"$w/go.mod"
+  printf '//go:build tools\n\npackage main\n\nimport (\n\t_ "%s/daemon"\n\t_ "%s/plugins/cilium-cni"\n\t_ "%s/hubble-relay"\n)\n' "$m" "$m" "$m" >"$w/tools.go"
+  (cd "$w" && GOFLAGS=-mod=mod go get "$m@$v" >&2 && GOFLAGS=-mod=mod go mod tidy >&2)
+  local ldflags="-s -w -X '$m/pkg/version.ciliumVersion=${v#v} zonewatch-lab'"
+  local name pkg
+  for pair in cilium-agent:daemon cilium-cni:plugins/cilium-cni hubble-relay:hubble-relay; do
+    name=${pair%%:*} pkg=${pair#*:}
+    (cd "$w" && CGO_ENABLED=0 go build -trimpath -ldflags "$ldflags" -o "$dir.tmp/$name" "$m/$pkg")
+  done
+  local src
+  src=$(cd "$w" && go list -m -f '{{.Dir}}' "$m")
+  mkdir -p "$dir.tmp/lib"; cp -r "$src/bpf" "$dir.tmp/lib/bpf"; chmod -R u+w "$dir.tmp/lib"
+  mkdir -p "$dir.tmp/llvm"; ln -sf "$(command -v clang-19)" "$dir.tmp/llvm/clang"; ln -sf "$(command -v llc-19)" "$dir.tmp/llvm/llc"
   rm -rf "$dir"; mv "$dir.tmp" "$dir"
   rm -rf "$w"
 }
@@ -109,7 +161,8 @@ prometheus_operator() {
 }
 
 etcd_bin
-kube_apiserver
+kube_components
+cilium
 prometheus_operator
 goinstall "prometheus-$PROMETHEUS_VERSION" \
   "github.com/prometheus/prometheus/cmd/prometheus@$PROMETHEUS_VERSION" \
@@ -135,7 +188,7 @@ ZONEWATCH_TOOLS=$tools bash "$root/hack/schema-check/check.sh" --install >&2
 
 # One flat bin/ of links so tests and scripts need a single path.
 mkdir -p "$tools/bin"
-ln -sf "$tools/kube-apiserver-$K8S_VERSION/kube-apiserver" "$tools/bin/kube-apiserver"
+for b in kube-apiserver kube-scheduler; do ln -sf "$tools/kube-$K8S_VERSION/$b" "$tools/bin/$b"; done
 ln -sf "$(command -v etcd)" "$tools/bin/etcd"
 for b in prometheus promtool; do ln -sf "$tools/prometheus-$PROMETHEUS_VERSION/$b" "$tools/bin/$b"; done
 for b in alertmanager amtool; do ln -sf "$tools/alertmanager-$ALERTMANAGER_VERSION/$b" "$tools/bin/$b"; done
@@ -147,5 +200,7 @@ if [ "$release" = 1 ]; then
   ln -sf "$tools/crane-$CRANE_VERSION/crane" "$tools/bin/crane"
 fi
 ln -sf "$tools/prometheus-operator-$PROMETHEUS_OPERATOR_VERSION/operator" "$tools/bin/prometheus-operator"
+# The Cilium lab reads its folder (binaries, lib/bpf, llvm/) through this link.
+ln -sfn "$tools/cilium-$CILIUM_VERSION" "$tools/bin/cilium"
 log "ready in $tools/bin"
 echo "$tools/bin"
