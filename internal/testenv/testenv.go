@@ -152,12 +152,22 @@ type APIServer struct {
 	// Kubeconfig is a kubeconfig file for the exporter binary.
 	Kubeconfig string
 	URL        string
+	// AuditLog is the apiserver's audit log (JSON lines), empty without
+	// WithAuditLog; AuditEvents reads it.
+	AuditLog string
 }
 
-// StartAPIServer starts etcd and kube-apiserver (AlwaysAllow authorisation,
-// a static admin token) on loopback and waits until the server is ready.
-func StartAPIServer(t testing.TB) *APIServer {
+// StartAPIServer starts etcd and kube-apiserver on loopback and waits until
+// the server is ready. Authorization is Node,RBAC, as on a real cluster: the
+// static admin token (Config, Kubeconfig) is in system:masters and may do
+// anything; an exporter runs as the chart's ServiceAccount
+// (APIServer.ChartIdentity). Options add an audit log (WithAuditLog).
+func StartAPIServer(t testing.TB, opts ...Option) *APIServer {
 	t.Helper()
+	var o apiOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
 	bin := ToolsBin(t, "etcd", "kube-apiserver")
 	dir := t.TempDir()
 
@@ -184,8 +194,9 @@ func StartAPIServer(t testing.TB) *APIServer {
 	if err := os.WriteFile(tokenFile, []byte(token+`,admin,admin,"system:masters"`+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	auditArgs, auditLog := o.auditArgs(t, dir)
 	port := FreePort(t)
-	Start(t, dir, "kube-apiserver", filepath.Join(bin, "kube-apiserver"),
+	Start(t, dir, "kube-apiserver", filepath.Join(bin, "kube-apiserver"), append([]string{
 		"--etcd-servers", etcdURL,
 		"--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1",
 		"--secure-port", strconv.Itoa(port), "--cert-dir", filepath.Join(dir, "certs"),
@@ -193,11 +204,11 @@ func StartAPIServer(t testing.TB) *APIServer {
 		"--service-account-issuer", "https://kubernetes.default.svc",
 		"--service-account-key-file", keyFile, "--service-account-signing-key-file", keyFile,
 		"--service-cluster-ip-range", "10.96.0.0/24",
-		"--authorization-mode", "AlwaysAllow",
+		"--authorization-mode", "Node,RBAC",
 		"--token-auth-file", tokenFile,
 		"--disable-admission-plugins", "ServiceAccount",
 		"--enable-priority-and-fairness=false",
-	)
+	}, auditArgs...)...)
 	url := "https://127.0.0.1:" + strconv.Itoa(port)
 	cfg := &rest.Config{Host: url, BearerToken: token, TLSClientConfig: rest.TLSClientConfig{Insecure: true}, QPS: 200, Burst: 400}
 
@@ -223,23 +234,31 @@ func StartAPIServer(t testing.TB) *APIServer {
 	}
 
 	kubeconfig := filepath.Join(dir, "kubeconfig")
+	if err := writeKubeconfig(kubeconfig, url, "admin", token, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return &APIServer{Config: cfg, Kubeconfig: kubeconfig, URL: url, AuditLog: auditLog}
+}
+
+// writeKubeconfig writes a kubeconfig for url that logs in with a bearer token.
+func writeKubeconfig(path, url, user, token string, mode os.FileMode) error {
 	kc := fmt.Sprintf(`apiVersion: v1
 kind: Config
 clusters:
 - name: test
   cluster: {server: %q, insecure-skip-tls-verify: true}
 users:
-- name: admin
+- name: %q
   user: {token: %q}
 contexts:
 - name: test
-  context: {cluster: test, user: admin}
+  context: {cluster: test, user: %q}
 current-context: test
-`, url, token)
-	if err := os.WriteFile(kubeconfig, []byte(kc), 0o600); err != nil {
-		t.Fatal(err)
+`, url, user, token, user)
+	if err := os.WriteFile(path, []byte(kc), mode); err != nil {
+		return err
 	}
-	return &APIServer{Config: cfg, Kubeconfig: kubeconfig, URL: url}
+	return os.Chmod(path, mode)
 }
 
 // SyncBuffer is a log destination that goroutines of the code under test
