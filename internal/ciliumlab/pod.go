@@ -1,0 +1,293 @@
+package ciliumlab
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"time"
+
+	"golang.org/x/sys/unix"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// PodSpec is what a controller would create: labels, owner, node.
+type PodSpec struct {
+	Namespace, Name, Node string
+	Labels                map[string]string
+	// Owner is the controlling owner reference (e.g. PyTorchJob, kubeflow.org/v1).
+	OwnerAPIVersion, OwnerKind, OwnerName string
+	// Ports the container declares (documentation for a reader of the object).
+	Ports []int32
+}
+
+// Pod is a pod the lab wired: its object, its network namespace and the
+// endpoint the agent made for it.
+type Pod struct {
+	lab         *Lab
+	Spec        PodSpec
+	Node        *Node
+	IP          netip.Addr
+	UID         types.UID
+	NetNS       string // ip netns name
+	containerID string
+	deleted     bool
+}
+
+// Ref is namespace/name.
+func (p *Pod) Ref() string { return p.Spec.Namespace + "/" + p.Spec.Name }
+
+// cniConf is what the kubelet's runtime passes on stdin: the network of
+// Cilium's own CNI configuration (05-cilium.conflist).
+const cniConf = `{"cniVersion":"0.3.1","name":"cilium","type":"cilium-cni","enable-debug":false}`
+
+// AddPod creates the Pod object bound to its node, a network namespace,
+// runs cilium-cni ADD in the node as the kubelet's runtime does, and sets
+// the pod's status (Running, the IP the CNI returned) through the status
+// subresource.
+func (l *Lab) AddPod(ctx context.Context, spec PodSpec) (*Pod, error) {
+	n := l.Node(spec.Node)
+	if n == nil {
+		return nil, fmt.Errorf("no node %q", spec.Node)
+	}
+	if err := l.EnsureNamespace(ctx, spec.Namespace); err != nil {
+		return nil, err
+	}
+	p := &Pod{lab: l, Spec: spec, Node: n}
+	obj := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: spec.Namespace, Name: spec.Name, Labels: spec.Labels},
+		Spec: corev1.PodSpec{
+			NodeName:   spec.Node,
+			Containers: []corev1.Container{{Name: "main", Image: "registry.invalid/zonewatch-lab:traffic"}},
+		},
+	}
+	for _, port := range spec.Ports {
+		obj.Spec.Containers[0].Ports = append(obj.Spec.Containers[0].Ports, corev1.ContainerPort{ContainerPort: port, Protocol: corev1.ProtocolTCP})
+	}
+	if spec.OwnerKind != "" {
+		yes := true
+		obj.OwnerReferences = []metav1.OwnerReference{{APIVersion: spec.OwnerAPIVersion, Kind: spec.OwnerKind,
+			Name: spec.OwnerName, UID: "00000000-0000-4000-8000-00000000c1ab", Controller: &yes, BlockOwnerDeletion: &yes}}
+	}
+	created, err := l.Client.CoreV1().Pods(spec.Namespace).Create(ctx, obj, metav1.CreateOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("creating pod %s: %w", p.Ref(), err)
+	}
+	p.UID = created.UID
+	l.onUndo("Pod "+p.Ref(), func() error { return p.deleteObject(context.Background()) })
+
+	id := make([]byte, 32)
+	_, _ = rand.Read(id)
+	p.containerID = hex.EncodeToString(id)
+	p.NetNS = fmt.Sprintf("zwl%s-%s-%s", l.ID, spec.Namespace, spec.Name)
+	if err := run(ctx, "ip", "netns", "add", p.NetNS); err != nil {
+		return nil, err
+	}
+	l.onUndo("netns "+p.NetNS, func() error {
+		if _, err := os.Stat(filepath.Join("/run/netns", p.NetNS)); err != nil {
+			return nil
+		}
+		return run(context.Background(), "ip", "netns", "del", p.NetNS)
+	})
+	// What a runtime does before CNI: loopback up.
+	if err := run(ctx, "ip", "-n", p.NetNS, "link", "set", "lo", "up"); err != nil {
+		return nil, err
+	}
+	began := time.Now()
+	out, err := p.cni(ctx, "ADD")
+	if err != nil {
+		return nil, err
+	}
+	l.onUndo("CNI DEL "+p.Ref(), func() error {
+		if p.deleted {
+			return nil
+		}
+		_, err := p.cni(context.Background(), "DEL")
+		return err
+	})
+	var res struct {
+		IPs []struct {
+			Address string `json:"address"`
+		} `json:"ips"`
+	}
+	if err := json.Unmarshal(out, &res); err != nil || len(res.IPs) == 0 {
+		return nil, fmt.Errorf("cilium-cni ADD for %s: no IP in %s (%v)", p.Ref(), out, err)
+	}
+	pfx, err := netip.ParsePrefix(res.IPs[0].Address)
+	if err != nil {
+		return nil, err
+	}
+	p.IP = pfx.Addr()
+	l.Logf("pod %s on %s: %s (CNI ADD %s)", p.Ref(), n.Name, p.IP, time.Since(began).Round(time.Millisecond))
+
+	now := metav1.Now()
+	created.Status = corev1.PodStatus{
+		Phase:     corev1.PodRunning,
+		HostIP:    n.IP.String(),
+		HostIPs:   []corev1.HostIP{{IP: n.IP.String()}},
+		PodIP:     p.IP.String(),
+		PodIPs:    []corev1.PodIP{{IP: p.IP.String()}},
+		StartTime: &now,
+		Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue, LastTransitionTime: now},
+			{Type: corev1.ContainersReady, Status: corev1.ConditionTrue, LastTransitionTime: now}},
+		ContainerStatuses: []corev1.ContainerStatus{{Name: "main", Ready: true, Image: obj.Spec.Containers[0].Image,
+			ContainerID: "containerd://" + p.containerID, State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: now}}}},
+	}
+	if _, err := l.Client.CoreV1().Pods(spec.Namespace).UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
+		return nil, fmt.Errorf("setting status of %s: %w", p.Ref(), err)
+	}
+	l.mu.Lock()
+	l.pods[p.Ref()] = p
+	l.mu.Unlock()
+	return p, nil
+}
+
+// cni runs cilium-cni in the node with the kubelet runtime's environment.
+func (p *Pod) cni(ctx context.Context, command string) ([]byte, error) {
+	n := p.Node
+	args := fmt.Sprintf("IgnoreUnknown=1;K8S_POD_NAMESPACE=%s;K8S_POD_NAME=%s;K8S_POD_INFRA_CONTAINER_ID=%s;K8S_POD_UID=%s",
+		p.Spec.Namespace, p.Spec.Name, p.containerID, p.UID)
+	argv := []string{"-t", strconv.Itoa(n.holder.Process.Pid), "-m", "-n", "--", "env",
+		"CNI_COMMAND=" + command, "CNI_CONTAINERID=" + p.containerID,
+		"CNI_NETNS=/run/netns/" + p.NetNS, "CNI_IFNAME=eth0",
+		"CNI_PATH=" + p.lab.cfg.Cilium, "CNI_ARGS=" + args,
+		filepath.Join(p.lab.cfg.Cilium, "cilium-cni")}
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	out, err := output(ctx, bytes.NewReader([]byte(cniConf)), "nsenter", argv...)
+	if err != nil {
+		return nil, fmt.Errorf("cilium-cni %s for %s on %s: %w", command, p.Ref(), n.Name, err)
+	}
+	return out, nil
+}
+
+// Delete removes the pod as the kubelet does: CNI DEL, the namespace, then
+// the object.
+func (p *Pod) Delete(ctx context.Context) error {
+	if p.deleted {
+		return nil
+	}
+	if _, err := p.cni(ctx, "DEL"); err != nil {
+		return err
+	}
+	p.deleted = true
+	if err := run(ctx, "ip", "netns", "del", p.NetNS); err != nil {
+		return err
+	}
+	p.lab.mu.Lock()
+	delete(p.lab.pods, p.Ref())
+	p.lab.mu.Unlock()
+	return p.deleteObject(ctx)
+}
+
+func (p *Pod) deleteObject(ctx context.Context) error {
+	zero := int64(0)
+	pc := p.lab.Client.CoreV1().Pods(p.Spec.Namespace)
+	err := pc.Delete(ctx, p.Spec.Name, metav1.DeleteOptions{GracePeriodSeconds: &zero, Preconditions: &metav1.Preconditions{UID: &p.UID}})
+	if apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	for {
+		got, err := pc.Get(ctx, p.Spec.Name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) || (err == nil && got.UID != p.UID) {
+			return nil
+		}
+		if ctx.Err() != nil {
+			return fmt.Errorf("pod %s not gone: %w", p.Ref(), ctx.Err())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// Identity waits until the agent on the pod's node has made its endpoint
+// ready and returns the endpoint's security identity.
+func (p *Pod) Identity(ctx context.Context) (int64, error) {
+	var id int64
+	err := p.Node.poll(ctx, time.Minute, "endpoint of "+p.Ref()+" ready", func() (bool, string) {
+		var eps []struct {
+			Status struct {
+				State      string             `json:"state"`
+				Identity   struct{ ID int64 } `json:"identity"`
+				Networking struct {
+					Addressing []struct {
+						IPV4 string `json:"ipv4"`
+					} `json:"addressing"`
+				} `json:"networking"`
+			} `json:"status"`
+		}
+		if err := p.Node.getJSON(ctx, "/v1/endpoint", &eps); err != nil {
+			return false, err.Error()
+		}
+		for _, ep := range eps {
+			for _, a := range ep.Status.Networking.Addressing {
+				if a.IPV4 == p.IP.String() {
+					id = ep.Status.Identity.ID
+					return ep.Status.State == "ready" && id != 0, "state " + ep.Status.State
+				}
+			}
+		}
+		return false, "no endpoint with " + p.IP.String()
+	})
+	return id, err
+}
+
+// inNetNS runs fn on an OS thread switched into the pod's network
+// namespace: sockets fn makes belong to the pod (what a process in the pod
+// would open). The thread is never switched back; it ends with fn.
+func (p *Pod) inNetNS(fn func() error) error {
+	f, err := os.Open(filepath.Join("/run/netns", p.NetNS))
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread() // not unlocked: the thread exits with the goroutine
+		if err := unix.Setns(int(f.Fd()), unix.CLONE_NEWNET); err != nil {
+			errc <- fmt.Errorf("setns into %s: %w", p.NetNS, err)
+			return
+		}
+		errc <- fn()
+	}()
+	return <-errc
+}
+
+// Listen opens a TCP listener on the pod's IP.
+func (p *Pod) Listen(port int) (net.Listener, error) {
+	var ln net.Listener
+	err := p.inNetNS(func() (err error) {
+		ln, err = net.Listen("tcp4", net.JoinHostPort(p.IP.String(), strconv.Itoa(port)))
+		return err
+	})
+	return ln, err
+}
+
+// Dial connects from the pod to addr within timeout.
+func (p *Pod) Dial(addr string, timeout time.Duration) (net.Conn, error) {
+	var c net.Conn
+	err := p.inNetNS(func() (err error) {
+		c, err = net.DialTimeout("tcp4", addr, timeout)
+		return err
+	})
+	return c, err
+}
+
+// DisableIPv6 turns IPv6 off in the pod (what a cluster with Cilium's IPv6
+// off often does); by default pods keep it, as a runtime leaves them.
+func (p *Pod) DisableIPv6(ctx context.Context) error {
+	return run(ctx, "ip", "netns", "exec", p.NetNS, "sysctl", "-q", "-w", "net.ipv6.conf.all.disable_ipv6=1")
+}
