@@ -10,6 +10,7 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
@@ -37,6 +38,8 @@ type Live struct {
 	// changes, so a pod deleted meanwhile is never put back.
 	mu     sync.Mutex
 	owners *ownerStore
+	// denied makes a missing RBAC rule loud (Denials).
+	denied *Denials
 }
 
 // WithOwners makes Run resolve top owners (TrainJob over JobSet, RayJob
@@ -48,13 +51,16 @@ func (l *Live) WithOwners(meta metadata.Interface, disc discovery.DiscoveryInter
 
 // NewLive prepares informers; Run starts them.
 func NewLive(client kubernetes.Interface, index *topology.Index, rules []topology.Rule, resync time.Duration, logger *slog.Logger) (*Live, []informers.SharedInformerFactory, error) {
-	l := &Live{index: index, rules: rules, logger: logger, resync: resync}
+	l := &Live{index: index, rules: rules, logger: logger, resync: resync, denied: NewDenials("kubernetes", logger)}
 	var factories []informers.SharedInformerFactory
 
 	nf := informers.NewSharedInformerFactoryWithOptions(client, resync)
 	ni := nf.Core().V1().Nodes().Informer()
 	if err := ni.SetTransform(StripNode); err != nil {
 		return nil, nil, fmt.Errorf("node informer transform: %w", err)
+	}
+	if err := l.denied.Watch(ni, schema.GroupResource{Resource: "nodes"}); err != nil {
+		return nil, nil, fmt.Errorf("node informer error handler: %w", err)
 	}
 	if _, err := ni.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(o any) { l.node(o) },
@@ -78,6 +84,9 @@ func NewLive(client kubernetes.Interface, index *topology.Index, rules []topolog
 		pi := pf.Core().V1().Pods().Informer()
 		if err := pi.SetTransform(strip); err != nil {
 			return nil, nil, fmt.Errorf("pod informer transform: %w", err)
+		}
+		if err := l.denied.Watch(pi, schema.GroupResource{Resource: "pods"}); err != nil {
+			return nil, nil, fmt.Errorf("pod informer error handler: %w", err)
 		}
 		if err := pi.AddIndexers(cache.Indexers{controllerIndex: podByController}); err != nil {
 			return nil, nil, fmt.Errorf("pod informer index: %w", err)
@@ -107,7 +116,7 @@ func NewLive(client kubernetes.Interface, index *topology.Index, rules []topolog
 // owner from the start.
 func (l *Live) Run(ctx context.Context, factories []informers.SharedInformerFactory) error {
 	if l.meta != nil && l.disc != nil {
-		owners, synced := startOwners(ctx, l.meta, l.disc, l.resync, l.logger, l.ownerChanged)
+		owners, synced := startOwners(ctx, l.meta, l.disc, l.resync, l.logger, l.denied, l.ownerChanged)
 		if !cache.WaitForCacheSync(ctx.Done(), synced...) {
 			return fmt.Errorf("waiting for owner informers to sync: %w", ctx.Err())
 		}

@@ -149,26 +149,34 @@ func StripOwner(obj any) (any, error) {
 // startOwners finds which owner resources the server serves and the
 // exporter may list, and prepares a metadata-only informer for each. A
 // resource that is absent (its CRD not installed) or forbidden is skipped
-// with one log line: identity then falls back to the pod's labels.
+// with one log line: identity then falls back to the pod's labels. A
+// forbidden one is logged at error with the ClusterRole rule to add
+// (Denials) and watched all the same, without waiting for it: its informer
+// retries, and once the rule is granted it syncs and the pods below its
+// objects are named after their top owner.
 func startOwners(ctx context.Context, meta metadata.Interface, disc discovery.DiscoveryInterface, resync time.Duration, logger *slog.Logger,
-	changed func(key string)) (*ownerStore, []cache.InformerSynced) {
+	denied *Denials, changed func(key string)) (*ownerStore, []cache.InformerSynced) {
 	store := &ownerStore{stores: map[groupKind]cache.Store{}}
 	var synced []cache.InformerSynced
 	var factories []metadatainformer.SharedInformerFactory
 	for _, res := range OwnerResources {
+		forbidden := false
 		if err := served(ctx, meta, disc, res); err != nil {
-			level := slog.LevelInfo // a CRD not installed: nothing to resolve
-			if errors.Is(err, errForbidden) {
-				level = slog.LevelWarn
+			if forbidden = denied.Note(res.GVR.GroupResource(), err); !forbidden {
+				// A CRD not installed: nothing to resolve.
+				logger.Info("not resolving owners of this kind", "resource", res.GVR.String(), "reason", err)
+				continue
 			}
-			logger.Log(ctx, level, "not resolving owners of this kind", "resource", res.GVR.String(), "reason", err)
-			continue
 		}
 		sel := res.Selector
 		f := metadatainformer.NewFilteredSharedInformerFactory(meta, resync, metav1.NamespaceAll, func(o *metav1.ListOptions) { o.LabelSelector = sel })
 		inf := f.ForResource(res.GVR).Informer()
 		if err := inf.SetTransform(StripOwner); err != nil {
 			logger.Warn("owner informer transform", "resource", res.GVR.String(), "err", err)
+			continue
+		}
+		if err := denied.Watch(inf, res.GVR.GroupResource()); err != nil {
+			logger.Warn("owner informer error handler", "resource", res.GVR.String(), "err", err)
 			continue
 		}
 		if err := inf.AddIndexers(cache.Indexers{controllerIndex: byController}); err != nil {
@@ -199,7 +207,9 @@ func startOwners(ctx context.Context, meta metadata.Interface, disc discovery.Di
 		}
 		store.stores[gk] = inf.GetStore()
 		store.below = append(store.below, ownerIndex{gk, inf.GetIndexer()})
-		synced = append(synced, inf.HasSynced)
+		if !forbidden {
+			synced = append(synced, inf.HasSynced)
+		}
 		factories = append(factories, f)
 	}
 	for _, f := range factories {
@@ -234,10 +244,5 @@ func served(ctx context.Context, meta metadata.Interface, disc discovery.Discove
 		return errors.New("not served (CRD not installed)")
 	}
 	_, err = meta.Resource(res.GVR).List(ctx, metav1.ListOptions{Limit: 1, LabelSelector: res.Selector})
-	if apierrors.IsForbidden(err) {
-		return errForbidden
-	}
 	return err
 }
-
-var errForbidden = errors.New("forbidden (RBAC: the exporter's ClusterRole lacks list/watch)")

@@ -92,8 +92,9 @@ func TestOwnerHeapAtScale(t *testing.T) {
 }
 
 // TestStartOwnersSkips: through discovery, a kind whose CRD is absent is
-// skipped, and so is one the exporter may not list (RBAC), each with one
-// log line; the rest is watched and resolves.
+// skipped with one log line; one the exporter may not list (RBAC) is
+// logged once at error with the rule to add and not waited for; the rest
+// is watched and resolves.
 func TestStartOwnersSkips(t *testing.T) {
 	scheme := metadatafake.NewTestScheme()
 	metav1.AddMetaToScheme(scheme)
@@ -101,7 +102,8 @@ func TestStartOwnersSkips(t *testing.T) {
 	job := partial("batch/v1", "Job", "ml", "llm-node-0", &metav1.OwnerReference{APIVersion: "jobset.x-k8s.io/v1alpha2", Kind: "JobSet", Name: "llm", Controller: &yes})
 	meta := metadatafake.NewSimpleMetadataClient(scheme, job)
 	meta.PrependReactor("list", "rayclusters", func(k8stesting.Action) (bool, kruntime.Object, error) {
-		return true, nil, apierrors.NewForbidden(schema.GroupResource{Group: "ray.io", Resource: "rayclusters"}, "", errors.New("RBAC"))
+		return true, nil, apierrors.NewForbidden(schema.GroupResource{Group: "ray.io", Resource: "rayclusters"}, "",
+			errors.New(`User "system:serviceaccount:monitoring:zonewatch" cannot list resource "rayclusters" in API group "ray.io" at the cluster scope`))
 	})
 	disc := &discoveryfake.FakeDiscovery{Fake: &k8stesting.Fake{}}
 	disc.Resources = []*metav1.APIResourceList{
@@ -111,15 +113,16 @@ func TestStartOwnersSkips(t *testing.T) {
 	var log bytes.Buffer
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	store, synced := startOwners(ctx, meta, disc, 0, slog.New(slog.NewTextHandler(&log, nil)), func(string) {})
+	logger := slog.New(slog.NewTextHandler(&log, nil))
+	store, synced := startOwners(ctx, meta, disc, 0, logger, NewDenials("kubernetes", logger), func(string) {})
 	if !cache.WaitForCacheSync(ctx.Done(), synced...) {
 		t.Fatal("not synced")
 	}
-	if len(store.stores) != 1 {
-		t.Fatalf("watching %d kinds, want batch Jobs only:\n%s", len(store.stores), log.String())
+	if len(synced) != 1 || len(store.stores) != 2 {
+		t.Fatalf("waiting for %d kinds and watching %d, want to wait for batch Jobs only and watch RayClusters too:\n%s", len(synced), len(store.stores), log.String())
 	}
 	for _, want := range []string{`level=INFO msg="not resolving owners of this kind" resource="jobset.x-k8s.io/v1alpha2, Resource=jobsets" reason="not served (CRD not installed)"`,
-		`level=WARN msg="not resolving owners of this kind" resource="ray.io/v1, Resource=rayclusters" reason="forbidden (RBAC`} {
+		`level=ERROR msg="permission denied: add the rule to zonewatch's ClusterRole (Helm chart: templates/clusterrole.yaml); kubernetes recovers by itself once granted" source=kubernetes verb=list resource=rayclusters.ray.io user=system:serviceaccount:monitoring:zonewatch rule="{apiGroups: [\"ray.io\"], resources: [\"rayclusters\"], verbs: [\"get\", \"list\", \"watch\"]}"`} {
 		if strings.Count(log.String(), want) != 1 {
 			t.Errorf("log lacks %q once:\n%s", want, log.String())
 		}
