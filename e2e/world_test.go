@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"io"
 	"math"
 	"net/http"
 	"net/netip"
@@ -25,6 +26,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/zonewatch/zonewatch/collector/conntrack"
+	"github.com/zonewatch/zonewatch/collector/gpu"
 	"github.com/zonewatch/zonewatch/sim"
 )
 
@@ -222,6 +224,12 @@ func (w *world) serveGPUPage(rw http.ResponseWriter, r *http.Request) {
 		return
 	}
 	rw.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+	writeDCGMPage(rw, f.name, samples)
+}
+
+// writeDCGMPage prints samples as dcgm-exporter's page for node (its
+// default counters, without its Kubernetes mapping).
+func writeDCGMPage(rw io.Writer, node string, samples []gpu.Sample) {
 	for _, m := range []struct {
 		name, help string
 		value      func(u, sm, tensor float64) string
@@ -234,7 +242,7 @@ func (w *world) serveGPUPage(rw http.ResponseWriter, r *http.Request) {
 		fmt.Fprintf(rw, "# HELP %s %s\n# TYPE %s gauge\n", m.name, m.help, m.name)
 		for _, s := range samples {
 			fmt.Fprintf(rw, "%s{gpu=\"%d\",UUID=\"%s\",pci_bus_id=\"00000000:%02X:00.0\",device=\"nvidia%d\",modelName=\"NVIDIA H100 80GB HBM3\",Hostname=\"%s\",DCGM_FI_DRIVER_VERSION=\"570.124.06\"} %s\n",
-				m.name, s.Index, s.UUID, 0x18+s.Index, s.Index, f.name, m.value(s.Util, s.SMActive, s.TensorActive))
+				m.name, s.Index, s.UUID, 0x18+s.Index, s.Index, node, m.value(s.Util, s.SMActive, s.TensorActive))
 		}
 	}
 }
