@@ -10,7 +10,10 @@ import (
 // CTEntry is one generated Cilium conntrack entry, in original direction:
 // Src opened the connection to Dst. Counters are totals since the
 // connection opened, per direction; how they land in a ct_entry depends on
-// the Cilium version (see Encode).
+// the Cilium version (see Encode). As on Cilium v1.20.2 agents (issue 26's
+// lab), both entries of a connection store the opener's address first
+// (the key's fields are named for the reply direction) and the ports in
+// original order, and both carry the opener's security identity.
 type CTEntry struct {
 	Node             string // the node whose CT map holds the entry
 	Src, Dst         netip.Addr
@@ -29,7 +32,21 @@ type CTEntry struct {
 	Related                   bool
 	SentBytes, ReplyBytes     uint64 // Src -> Dst, Dst -> Src
 	SentPackets, ReplyPackets uint64
+	// SrcIdentity is the opener's security identity, the entry's
+	// src_sec_id: its endpoint's on egress (SECLABEL), the packet's source
+	// identity on ingress.
+	SrcIdentity uint32
 }
+
+// Security identities of the generated entries (pkg/identity, v1.20.2):
+// reserved ones for the host network and the world; pods get identities
+// from identityPods up, one per job (its pods share labels) and one per
+// other pod.
+const (
+	identityHost  = 1
+	identityWorld = 2
+	identityPods  = 30000
+)
 
 // Simulated TCP: full segments of ctMSS payload plus ctHeaders of
 // Ethernet/IP/TCP headers each; the receiver ACKs every second segment.
@@ -49,11 +66,18 @@ var kubeDNS = netip.AddrFrom4([4]byte{10, 96, 0, 10})
 // Hubble shows: every job worker keeps one TCP connection to its
 // coordinator's rendezvous port and sends Behaviour.BytesPerSecond on it
 // (a job whose cross-zone traffic a policy blocks has no connection, so no
-// entry), non-job pods send to the internet, every node's cilium-health
-// endpoint probes every other node's, and the first non-job pod has a DNS
-// service (load-balancer) entry. A cross-node connection has an
-// egress entry on the opener's node and an ingress entry on the
-// acceptor's; an empty node returns every node's entries.
+// entry), non-job pods send to the internet, and the first non-job pod
+// has a DNS service (load-balancer) entry. A connection a pod opens has
+// an egress entry on its node and an ingress entry on the acceptor's.
+// Connections opened by a node's host network have only the acceptor's
+// ingress entry (Cilium conntracks host traffic only with its host
+// firewall), from the node's cilium_host address: every node's
+// cilium-health prober (the agent, in the host network) probes every
+// other node's health endpoint, with identity world as issue 26's lab saw
+// on the router address (remote-node is as likely); and the host network
+// of a traffic-moving job's coordinator's node (a hostNetwork data loader,
+// the kubelet) keeps a connection to it, identity host. These two do not
+// show in the fake Hubble. An empty node returns every node's entries.
 func (s *Scenario) ConntrackEntries(node string, elapsed time.Duration) []CTEntry {
 	secs := elapsed.Seconds()
 	var out []CTEntry
@@ -67,7 +91,7 @@ func (s *Scenario) ConntrackEntries(node string, elapsed time.Duration) []CTEntr
 		// The related entry, made with the connection's entry: its
 		// first packet (the SYN) only.
 		rel := CTEntry{Src: e.Src, Dst: e.Dst, Proto: 1, Related: true, SentPackets: 1, SentBytes: ctHeaders}
-		if node == "" || srcNode == node {
+		if srcNode != "" && (node == "" || srcNode == node) {
 			e.Node, rel.Node = srcNode, srcNode
 			out = append(out, e, rel)
 		}
@@ -81,19 +105,26 @@ func (s *Scenario) ConntrackEntries(node string, elapsed time.Duration) []CTEntr
 		j := &s.Jobs[ji]
 		b := j.Behaviour
 		c := j.Coordinator()
+		id := uint32(identityPods + ji)
 		for wi := range j.Pods {
 			w := &j.Pods[wi]
 			if w == c || b.BytesPerSecond <= 0 || (b.BlockedBy != "" && s.zoneOf(w) != s.zoneOf(c)) {
 				continue
 			}
-			add(CTEntry{Src: w.IP, Dst: c.IP, SrcPort: uint16(ephemeralPort(w, c)), DstPort: rendezvousPort, Proto: 6},
+			add(CTEntry{Src: w.IP, Dst: c.IP, SrcPort: uint16(ephemeralPort(w, c)), DstPort: rendezvousPort, Proto: 6, SrcIdentity: id},
 				w.Node, c.Node, b.BytesPerSecond)
+		}
+		if b.BytesPerSecond > 0 && b.BlockedBy == "" {
+			if n := s.NodeByName(c.Node); n != nil {
+				add(CTEntry{Src: RouterIP(n), Dst: c.IP, SrcPort: hostOpenerPort, DstPort: rendezvousPort, Proto: 6, SrcIdentity: identityHost},
+					"", c.Node, HostOpenerRate)
+			}
 		}
 	}
 	for i := range s.Others {
 		p := &s.Others[i]
-		add(CTEntry{Src: p.IP, Dst: worldIP, SrcPort: uint16(ephemeralPort(p, p)), DstPort: httpsPort, Proto: 6},
-			p.Node, "", worldBytesRate)
+		add(CTEntry{Src: p.IP, Dst: worldIP, SrcPort: uint16(ephemeralPort(p, p)), DstPort: httpsPort, Proto: 6,
+			SrcIdentity: uint32(identityPods + len(s.Jobs) + i)}, p.Node, "", worldBytesRate)
 	}
 	for i := range s.Nodes {
 		for j := range s.Nodes {
@@ -101,8 +132,8 @@ func (s *Scenario) ConntrackEntries(node string, elapsed time.Duration) []CTEntr
 			if a == b {
 				continue
 			}
-			add(CTEntry{Src: healthIP(a), Dst: healthIP(b), SrcPort: uint16(33000 + j), DstPort: healthPort, Proto: 6},
-				a.Name, b.Name, healthRate)
+			add(CTEntry{Src: RouterIP(a), Dst: healthIP(b), SrcPort: uint16(33000 + j), DstPort: healthPort, Proto: 6, SrcIdentity: identityWorld},
+				"", b.Name, healthRate)
 		}
 	}
 	if len(s.Others) > 0 && (node == "" || s.Others[0].Node == node) {
@@ -114,6 +145,17 @@ func (s *Scenario) ConntrackEntries(node string, elapsed time.Duration) []CTEntr
 	}
 	return out
 }
+
+// HostOpenerRate is what a job coordinator's node's host network sends it
+// (payload per second), and hostOpenerPort that connection's port there.
+const (
+	HostOpenerRate = 2000
+	hostOpenerPort = 45000
+)
+
+// RouterIP is the node's cilium_host address, the first of its pod CIDR:
+// the source of what its host network sends to pods (tunnel routing).
+func RouterIP(n *Node) netip.Addr { return n.PodCIDR.Addr().Next() }
 
 // healthIP is the node's cilium-health endpoint: an address of its pod
 // CIDR that no simulated pod gets.
@@ -166,6 +208,7 @@ func (e CTEntry) Encode(layout conntrack.Layout) (conntrack.Tuple, conntrack.Val
 	if e.Proto == 6 && !e.Service {
 		v.TxFlagsSeen, v.RxFlagsSeen = synAck, synAck // established both ways
 	}
+	v.SrcSecID = e.SrcIdentity
 	return tu, v
 }
 

@@ -1,6 +1,8 @@
 package sim
 
 import (
+	"encoding/binary"
+	"net/netip"
 	"strings"
 	"testing"
 	"time"
@@ -147,6 +149,13 @@ func TestConntrackThroughPoller(t *testing.T) {
 						exp[name+" "+cz+">"+wz+" "+loc] += acksSum(acksPerStep, b.BytesPerSecond, polls, at)
 					}
 				}
+				// The coordinator's node's host network opened a connection
+				// to it: only the coordinator's ingress entry has it, both
+				// directions, in either layout.
+				if b.BytesPerSecond > 0 && b.BlockedBy == "" {
+					cz := s.zoneOf(c)
+					exp[j.Namespace+"/"+j.Name+" "+cz+">"+cz+" "+topology.LocalitySameZone] += want(HostOpenerRate, 1, true)
+				}
 			}
 			// What the simulation is for: the costly split job's bytes cross
 			// zones, the healthy job's stay in its zone.
@@ -201,6 +210,69 @@ func TestConntrackEntriesGrow(t *testing.T) {
 	for _, e := range s.ConntrackEntries("gpu-b2", time.Second) {
 		if e.Node != "gpu-b2" {
 			t.Errorf("gpu-b2 got an entry of %s", e.Node)
+		}
+	}
+}
+
+// TestConntrackEntriesLikeTheDatapath checks the generated entries
+// against what Cilium v1.20.2 agents hold (issue 26's lab, bpf/lib/common.h
+// and conntrack.h): the key stores the opener's address first for both
+// directions (the fields are named for the reply direction) and the
+// acceptor's port first (named for the original direction), flags 0/1 =
+// OUT/IN, src_sec_id (value offset 44) is the opener's identity on both
+// entries, and the host network opens connections with an ingress entry
+// only.
+func TestConntrackEntriesLikeTheDatapath(t *testing.T) {
+	s := Default()
+	routers := map[netip.Addr]bool{}
+	for i := range s.Nodes {
+		routers[RouterIP(&s.Nodes[i])] = true
+	}
+	type conn struct {
+		src, dst netip.Addr
+		sport    uint16
+	}
+	ids := map[conn][]uint32{}
+	hostOpened := 0
+	for _, e := range s.ConntrackEntries("", 30*time.Second) {
+		if e.Service || e.Related {
+			continue
+		}
+		tu, v := e.Encode(conntrack.LayoutCombined)
+		key, val := conntrack.AppendKey(nil, tu), conntrack.AppendValue(nil, v)
+		if len(key) != conntrack.KeySize4 || len(val) != conntrack.ValueSize {
+			t.Fatalf("sizes %d/%d", len(key), len(val))
+		}
+		if got := netip.AddrFrom4([4]byte(key[0:4])); got != e.Src {
+			t.Errorf("%v: first address %v, want the opener %v", e, got, e.Src)
+		}
+		if got := binary.BigEndian.Uint16(key[8:10]); got != e.DstPort {
+			t.Errorf("%v: first port %d, want the acceptor's %d", e, got, e.DstPort)
+		}
+		if wantFlags := map[bool]byte{false: 0, true: 1}[e.Ingress]; key[13] != wantFlags {
+			t.Errorf("%v: flags %d, want %d", e, key[13], wantFlags)
+		}
+		if got := binary.NativeEndian.Uint32(val[44:48]); got != e.SrcIdentity || got == 0 {
+			t.Errorf("%v: src_sec_id %d, want the opener's %d (not 0)", e, got, e.SrcIdentity)
+		}
+		if routers[e.Src] {
+			hostOpened++
+			if !e.Ingress {
+				t.Errorf("%v: an egress entry of the host network (Cilium has none without its host firewall)", e)
+			}
+			if e.SrcIdentity >= 256 {
+				t.Errorf("%v: host network opener with a pod identity", e)
+			}
+		}
+		c := conn{e.Src, e.Dst, e.SrcPort}
+		ids[c] = append(ids[c], e.SrcIdentity)
+	}
+	if hostOpened == 0 {
+		t.Fatal("no connection opened by a node's host network")
+	}
+	for c, l := range ids {
+		if len(l) == 2 && l[0] != l[1] {
+			t.Errorf("%v: entries carry identities %v, want the opener's on both", c, l)
 		}
 	}
 }

@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 	"fmt"
 	"net/netip"
+	"strconv"
+	"strings"
 )
 
 // Cilium's global CT maps, pinned under the BPF filesystem (by default
@@ -231,6 +233,93 @@ func AppendValue(dst []byte, v Value) []byte {
 	dst = append(dst, 0, 0, 0, 0, 0, 0, v.TxFlagsSeen, v.RxFlagsSeen)
 	dst = ne.AppendUint32(dst, v.SrcSecID)
 	return append(dst, make([]byte, ValueSize-48)...)
+}
+
+// VersionLayout returns the ct_entry layout of a Cilium version as the
+// agent reports it: Hubble's ServerStatus version ("cilium v1.20.2+g1a2b3c"
+// on an agent, "1.20.2 ..." as `cilium-dbg version` prints it) or a
+// --conntrack.cilium-version value ("1.16.3", "v1.15.19"). 1.x before 1.16
+// is split (checked from 1.14), 1.16 and later combined (checked to
+// 1.20.2). A Relay's version ("hubble-relay v...") says nothing about an
+// agent's datapath, nor does a version without a number (an agent built
+// without one reports "cilium"), nor a major version other than 1.
+func VersionLayout(version string) (Layout, bool) {
+	if strings.Contains(version, "hubble-relay") {
+		return LayoutAuto, false
+	}
+	switch minor := versionMinor(version); {
+	case minor < 0:
+		return LayoutAuto, false
+	case minor <= 15:
+		return LayoutSplit, true
+	}
+	return LayoutCombined, true
+}
+
+// versionMinor returns the minor version of the first word of version
+// that is a 1.x version, or -1.
+func versionMinor(version string) int {
+	for f := range strings.FieldsSeq(version) {
+		if m := ciliumMinor(f); m >= 0 {
+			return m
+		}
+	}
+	return -1
+}
+
+// ciliumMinor returns the minor version of a "1.x[.y][-+suffix]" version,
+// with or without a leading v, or -1.
+func ciliumMinor(v string) int {
+	v = strings.TrimPrefix(v, "v")
+	major, rest, ok := strings.Cut(v, ".")
+	if !ok || major != "1" {
+		return -1
+	}
+	end := 0
+	for end < len(rest) && rest[end] >= '0' && rest[end] <= '9' {
+		end++
+	}
+	if end == 0 || end > 3 {
+		return -1
+	}
+	n, _ := strconv.Atoi(rest[:end])
+	return n
+}
+
+// Security identities that tell who opened a connection (the src_sec_id
+// of an ingress entry; pkg/identity/numericidentity.go, v1.20.2). Reserved
+// identities below 128 other than health (4) and init (5) name no Cilium
+// endpoint: the host (1), world (2, 9, 10), unmanaged (3), remote-node (6),
+// kube-apiserver (7), ingress (8). Identities of the local scope (1<<24,
+// CIDR and FQDN selections) and the remote-node scope (2<<24) are not
+// endpoints either. An endpoint's egress creates its own OUT entry, on its
+// node; nothing else does (Cilium conntracks the host's traffic only with
+// its host firewall).
+const (
+	identityHost          = 1
+	identityWorld         = 2
+	identityHealth        = 4
+	identityInit          = 5
+	identityRemoteNode    = 6
+	identityKubeAPIServer = 7
+	identityUserReserved  = 128        // 128-255: user reserved identities, given to endpoints
+	identityScopeMask     = 0xFF << 24 // local (1<<24) and remote-node (2<<24) scopes
+)
+
+// endpointIdentity reports whether an identity names a Cilium endpoint (a
+// pod Cilium manages), whose own egress entry holds the connection's bytes
+// on its node.
+func endpointIdentity(id uint32) bool {
+	if id&identityScopeMask != 0 {
+		return false
+	}
+	return id >= identityUserReserved || id == identityHealth || id == identityInit
+}
+
+// hostIdentity reports a node's host network as the opener: the local host,
+// a remote node or a node running kube-apiserver.
+func hostIdentity(id uint32) bool {
+	return id == identityHost || id == identityRemoteNode || id == identityKubeAPIServer || id>>24 == 2
 }
 
 // Evidence is what one entry says about the layout. Both layouts are 56

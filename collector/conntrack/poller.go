@@ -14,7 +14,6 @@ import (
 	"log/slog"
 	"net/netip"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -54,8 +53,10 @@ type Config struct {
 	// Ready reports whether the index is filled (informers synced); until
 	// it is, growth is held rather than attributed to nobody. Nil: ready.
 	Ready func() bool
-	// CiliumVersion, when known ("1.16.3"), narrows the advice on turning
-	// accounting on to that version; otherwise the layout decides it.
+	// CiliumVersion, when known ("1.16.3"), decides the layout (unless
+	// Layout forces one) and narrows the advice on turning accounting on
+	// to that version. SetCiliumVersion gives it later (Hubble's
+	// ServerStatus).
 	CiliumVersion string
 }
 
@@ -83,7 +84,6 @@ const (
 	reasonRead        = "read"
 	reasonImplausible = "implausible"
 	reasonAccounting  = "accounting_off"
-	reasonUndecided   = "layout_undecided"
 	reasonAmbiguous   = "layout_ambiguous"
 )
 
@@ -97,8 +97,7 @@ var advice = map[string]string{
 	reasonOpen:       "opening a conntrack map failed",
 	reasonLayout:     "a conntrack map has a layout this exporter does not know (a newer Cilium?): no bytes are counted from it",
 	reasonRead:       "reading a conntrack map failed; counts from the other maps continue",
-	reasonUndecided:  "cannot yet tell Cilium's ct_entry layout from the entries; no bytes are counted until it can: set --conntrack.layout=combined (Cilium 1.16 and later) or split (before 1.16) to decide",
-	reasonAmbiguous:  "the entries disagree about Cilium's ct_entry layout; set --conntrack.layout=combined (Cilium 1.16 and later) or split (before 1.16)",
+	reasonAmbiguous:  "the entries disagree about Cilium's ct_entry layout and the Cilium version is not known: set --conntrack.cilium-version (or --conntrack.layout=combined for Cilium 1.16 and later, split before 1.16); egress entries are counted, the growth of ingress entries is held until then",
 }
 
 // How to turn accounting on, by Cilium version (checked in each version's
@@ -119,7 +118,7 @@ const (
 // maps have (split: 1.14/1.15; combined: 1.16 and later), else for all.
 func EnableAdvice(version string, layout Layout) string {
 	const tail = "; no bytes are counted until then"
-	minor := ciliumMinor(version)
+	minor := versionMinor(version)
 	switch {
 	case minor >= 14 && minor <= 15:
 		return adviceUpTo115 + tail
@@ -133,37 +132,6 @@ func EnableAdvice(version string, layout Layout) string {
 		return advice116 + ". " + advice117 + tail
 	}
 	return adviceUpTo115 + ". " + advice116 + ". " + advice117 + tail
-}
-
-// ciliumMinor returns the minor version of a 1.x version string, or -1.
-func ciliumMinor(v string) int {
-	v = strings.TrimPrefix(v, "v")
-	major, rest, ok := strings.Cut(v, ".")
-	if !ok || major != "1" {
-		return -1
-	}
-	minor, _, _ := strings.Cut(rest, ".")
-	n, err := strconv.Atoi(minor)
-	if err != nil {
-		return -1
-	}
-	return n
-}
-
-// Reserved security identities of host networking (pkg/identity
-// numericidentity.go, v1.20.2; unchanged since 1.x): the local host, a
-// remote node, a node running kube-apiserver. A connection opened from
-// one of them has no CT entry on the opener's side (Cilium conntracks host
-// traffic only with its host firewall), so in the combined layout the
-// acceptor's ingress entry is the only one that holds its bytes.
-const (
-	identityHost          = 1
-	identityRemoteNode    = 6
-	identityKubeAPIServer = 7
-)
-
-func hostIdentity(id uint32) bool {
-	return id == identityHost || id == identityRemoteNode || id == identityKubeAPIServer
 }
 
 // Unattributed reasons.
@@ -190,6 +158,9 @@ type pending struct {
 	limit  uint64
 	secID  uint32
 	layout Layout
+	// both: a split ingress entry opened by no Cilium endpoint, whose
+	// counter is tx+rx (what both sides sent; see read).
+	both bool
 }
 
 // pollStats is what one poll saw, for the accounting and layout checks.
@@ -203,7 +174,8 @@ type pollStats struct {
 	touched   int // entries whose lifetime moved while their counter did not (combined)
 	resets    int
 	deleted   int
-	undecided bool // a map with entries has no layout yet
+	missed    uint64 // estimate of what the deleted entries moved unread
+	undecided bool   // a map with entries has no layout yet
 	ambiguous bool
 	local     int // per-endpoint (ConntrackLocal) maps read
 	localN    int // their entries
@@ -237,15 +209,28 @@ type Poller struct {
 	localSeen    bool   // per-endpoint maps reported
 	reason       string // why down, "" when up or before the first poll
 	polled       bool
+	// version is the Cilium version known (flag, SetCiliumVersion);
+	// versionLayout the layout it says (LayoutAuto: none).
+	version       string
+	versionLayout Layout
+	undecidedSaid bool // "layout not known yet" logged
+
+	// Pods watched for a final read when one goes (see Run); only Run
+	// touches them.
+	watchGen uint64
+	watched  map[podRef]bool
 
 	m selfMetrics
 }
+
+type podRef struct{ namespace, name string }
 
 type selfMetrics struct {
 	errors        *prometheus.CounterVec
 	entries       *prometheus.GaugeVec
 	maxEntries    *prometheus.GaugeVec
 	deleted       prometheus.Counter
+	missed        prometheus.Counter
 	resets        prometheus.Counter
 	unattributed  *prometheus.CounterVec
 	duration      prometheus.Gauge
@@ -274,10 +259,12 @@ func newSelfMetrics() selfMetrics {
 			Help: "Size of each Cilium conntrack map (it follows node memory with bpf-map-dynamic-size-ratio); a full LRU map evicts entries, and their last bytes are not counted."}, []string{"map"}),
 		deleted: prometheus.NewCounter(prometheus.CounterOpts{Name: "zonewatch_conntrack_deleted_entries_total",
 			Help: "Conntrack entries that disappeared between two polls; bytes they moved after the earlier poll were not counted."}),
+		missed: prometheus.NewCounter(prometheus.CounterOpts{Name: "zonewatch_conntrack_estimated_missed_bytes_total",
+			Help: "An estimate, not a measurement: bytes the conntrack entries that disappeared between two polls may have moved after the earlier one, uncounted (each one's growth in the poll before, i.e. the same rate for one more interval)."}),
 		resets: prometheus.NewCounter(prometheus.CounterOpts{Name: "zonewatch_conntrack_entry_resets_total",
 			Help: "Conntrack entries whose byte counter went down between polls (entry recreated); their whole new counter was counted."}),
 		unattributed: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "zonewatch_conntrack_unattributed_bytes_total",
-			Help: "Measured bytes not added to any job, by reason: no_job (local endpoint is no training-job pod), not_local (no endpoint of the entry on this node), opened_outside_cluster (Cilium 1.16+: connection opened from outside the cluster, which no exporter counts)."}, []string{"reason"}),
+			Help: "Measured bytes not added to any job, by reason: no_job (local endpoint is no training-job pod), not_local (no endpoint of the entry on this node), opened_outside_cluster (connection opened from outside the cluster into a pod)."}, []string{"reason"}),
 		duration: prometheus.NewGauge(prometheus.GaugeOpts{Name: "zonewatch_conntrack_poll_duration_seconds",
 			Help: "Time the last conntrack poll took."}),
 		layout: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "zonewatch_conntrack_layout_info",
@@ -295,7 +282,7 @@ func newSelfMetrics() selfMetrics {
 }
 
 func (m selfMetrics) collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.errors, m.entries, m.maxEntries, m.deleted, m.resets, m.unattributed, m.duration, m.layout, m.layoutChanges}
+	return []prometheus.Collector{m.errors, m.entries, m.maxEntries, m.deleted, m.missed, m.resets, m.unattributed, m.duration, m.layout, m.layoutChanges}
 }
 
 // New returns a poller over src. It registers its own metrics on cfg.Self.
@@ -314,6 +301,9 @@ func New(src Source, idx Index, cfg Config) (*Poller, error) {
 		m:      newSelfMetrics(),
 	}
 	p.m.layout.WithLabelValues(p.layout.String()).Set(1)
+	if cfg.CiliumVersion != "" {
+		p.setVersion(cfg.CiliumVersion)
+	}
 	if cfg.Self != nil {
 		for _, c := range p.m.collectors() {
 			if err := cfg.Self.Register(c); err != nil {
@@ -346,18 +336,143 @@ func (p *Poller) Bytes(namespace, job, srcZone, dstZone, locality string) float6
 	return p.bytes.Value(bytesKey{namespace, job, srcZone, dstZone, locality})
 }
 
-// Run polls every interval until ctx ends.
+// SetCiliumVersion gives the Cilium version the agent reports (Hubble's
+// ServerStatus); unless --conntrack.layout forces one, it decides the
+// layout of every map at once, without waiting for entries to tell.
+func (p *Poller) SetCiliumVersion(version string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.setVersion(version)
+}
+
+func (p *Poller) setVersion(version string) {
+	p.version = version
+	if p.cfg.Layout != LayoutAuto {
+		return
+	}
+	l, ok := VersionLayout(version)
+	if !ok {
+		p.log.Info("the Cilium version does not tell the conntrack layout; it is told from the entries", "version", version)
+		return
+	}
+	if l == p.versionLayout {
+		return
+	}
+	p.versionLayout = l
+	p.log.Info("conntrack layout decided from the Cilium version", "version", version, "layout", l.String())
+	for name, ts := range p.tables {
+		if ts.layout == l {
+			continue
+		}
+		if ts.layout != LayoutAuto {
+			p.log.Warn("conntrack layout changed: the Cilium version says otherwise than the entries did", "map", name, "was", ts.layout.String(), "layout", l.String(), "version", version)
+			p.m.layoutChanges.WithLabelValues(mapLabel(name)).Inc()
+		}
+		p.setLayout(ts, l)
+	}
+	p.useLayout(l)
+}
+
+// Run polls every interval until ctx ends. When a job pod of this node
+// stops counting (terminating, finished or deleted), it reads at once and
+// then every fastInterval for goingWindow: Cilium deletes the CT entries
+// of an endpoint with it, and what they moved since the last read would
+// be lost (docs/conntrack.md, "What can be missed between polls").
 func (p *Poller) Run(ctx context.Context, interval time.Duration) {
-	t := time.NewTicker(interval)
-	defer t.Stop()
+	s := schedule{interval: interval}
+	tick := time.NewTicker(min(interval, watchEvery))
+	defer tick.Stop()
+	p.podsWent() // the pods there are now
 	for {
-		p.Poll(time.Now())
+		now := time.Now()
+		if s.due(now, p.podsWent()) {
+			p.Poll(now)
+			s.polled(now, time.Since(now))
+		}
 		select {
 		case <-ctx.Done():
 			return
-		case <-t.C:
+		case <-tick.C:
 		}
 	}
+}
+
+// How Run follows pods that go: the index is looked at every watchEvery;
+// after a pod went, the maps are read every fastInterval (or five times
+// the last poll's duration, if longer) for goingWindow: the pod's
+// termination grace period (30 s by default) and its CNI DEL, after which
+// Cilium has deleted its entries.
+const (
+	watchEvery   = time.Second
+	fastInterval = time.Second
+	goingWindow  = 45 * time.Second
+)
+
+// schedule decides when Run reads the maps.
+type schedule struct {
+	interval  time.Duration
+	last      time.Time // start of the last poll; zero before the first
+	took      time.Duration
+	fastUntil time.Time
+}
+
+// due reports whether to poll at now; went: a pod went since the last call.
+func (s *schedule) due(now time.Time, went bool) bool {
+	if went {
+		s.fastUntil = now.Add(goingWindow)
+		return true
+	}
+	if s.last.IsZero() {
+		return true
+	}
+	every := s.interval
+	if now.Before(s.fastUntil) {
+		every = min(every, max(fastInterval, 5*s.took))
+	}
+	// Half a tick of slack: ticks and polls do not start on the dot.
+	return now.Sub(s.last)+watchEvery/2 >= every
+}
+
+func (s *schedule) polled(at time.Time, took time.Duration) { s.last, s.took = at, took }
+
+// podIndex is what the topology index tells about pods; an Index without
+// it gets no reads on pod changes.
+type podIndex interface {
+	Generation() uint64
+	Placements(node string) []topology.JobPlacement
+}
+
+// podsWent reports whether a job pod of this node (of any node with an
+// empty Config.Node) that counted for placement at the last call no
+// longer does: terminating, finished or deleted. Only Run calls it.
+func (p *Poller) podsWent() bool {
+	pi, ok := p.idx.(podIndex)
+	if !ok {
+		return false
+	}
+	gen := pi.Generation()
+	if p.watched != nil && gen == p.watchGen {
+		return false
+	}
+	first := p.watched == nil
+	p.watchGen = gen
+	now := make(map[podRef]bool, len(p.watched))
+	for _, jp := range pi.Placements(p.cfg.Node) {
+		for _, pod := range jp.Pods {
+			if p.cfg.Node == "" || pod.Node == p.cfg.Node {
+				now[podRef{jp.Job.Namespace, pod.Pod}] = true
+			}
+		}
+	}
+	went := false
+	for r := range p.watched {
+		if !now[r] {
+			went = true
+			p.log.Debug("job pod went: reading the conntrack maps now", "namespace", r.namespace, "pod", r.name)
+		}
+	}
+	p.watched = now
+	return went && !first
 }
 
 // LocalMap reports whether name is a per-endpoint CT map, which Cilium
@@ -442,6 +557,7 @@ func (p *Poller) Poll(now time.Time) {
 	p.forgetGone(names)
 	p.reportLocal(st)
 	p.m.deleted.Add(float64(st.deleted))
+	p.m.missed.Add(float64(st.missed))
 	p.m.resets.Add(float64(st.resets))
 
 	// Accounting is decided from what changed: a counter that grew, or a
@@ -463,19 +579,24 @@ func (p *Poller) Poll(now time.Time) {
 	case st.off > 0, st.entries > 0 && st.counting == 0, p.touchedPolls >= 2:
 		p.accountOff = true
 	}
-	// Deltas are counted unless accounting is off or a layout unknown; a
-	// map that failed midway still gives what was read before the failure.
+	// Deltas are counted unless accounting is off; a map that failed
+	// midway still gives what was read before the failure. Without a
+	// layout, egress entries count (the same in both layouts) and the
+	// growth of ingress entries is held: nothing is wrong yet, so the
+	// source stays up and says so once, unless the entries disagree.
 	reason := ""
 	switch {
 	case p.accountOff:
 		reason = reasonAccounting
 	case st.ambiguous:
 		reason = reasonAmbiguous
-	case st.undecided:
-		reason = reasonUndecided
 	}
-	if reason == "" {
+	if !p.accountOff {
 		p.count()
+	}
+	if st.undecided && !p.undecidedSaid {
+		p.undecidedSaid = true
+		p.log.Info("conntrack layout not known yet (no Cilium version, too few ingress entries): counting egress entries, which read the same in both layouts; the growth of ingress entries is counted once the layout is known")
 	}
 	switch {
 	case present == 0:
@@ -545,6 +666,9 @@ func (p *Poller) table(name string, t Table) *tableState {
 		ts = newTableState()
 		ts.id = id
 		ts.layout = p.cfg.Layout
+		if ts.layout == LayoutAuto {
+			ts.layout = p.versionLayout
+		}
 		p.tables[name] = ts
 		p.m.layoutChanges.WithLabelValues(mapLabel(name))
 	}
@@ -570,10 +694,14 @@ func (p *Poller) read(name string, t Table, now time.Time, st *pollStats) error 
 	if layout == LayoutAuto {
 		layout = p.layout
 	}
-	// Until the layout is known and the index filled, growth is held in
-	// the baselines rather than dropped, and counted once they are.
+	// Until the index is filled, growth is held in the baselines rather
+	// than dropped, and counted once it is; so is the growth of ingress
+	// entries until the layout is known. Egress entries read the same in
+	// both layouts: offset 24 is what the opener sent (split tx_bytes) or
+	// both directions (combined bytes), counted for the opener either way.
 	epoch, n, entries := p.epoch, 0, 0
-	hold := layout == LayoutAuto || !p.ready
+	hold := !p.ready
+	holdIn := hold || layout == LayoutAuto
 	voteAll := ts.layout == LayoutAuto || p.cfg.Layout != LayoutAuto
 	err := t.Each(func(key, val []byte) {
 		n++
@@ -590,7 +718,16 @@ func (p *Poller) read(name string, t Table, now time.Time, st *pollStats) error 
 		if voteAll {
 			ts.window[ev]++
 		}
-		delta, o, young := ts.observe(key, v.Bytes, v.Lifetime, epoch, hold)
+		// A split ingress entry that no Cilium endpoint opened (the host
+		// network, the world) is the only entry of its connection: it
+		// tracks both directions, tx+rx, as combined entries do. (Before
+		// the layout is known too: a combined ingress entry has zero in
+		// word 1, so its counter reads the same.)
+		ingress, counter, both := flags&tupleIn != 0, v.Bytes, false
+		if ingress && layout != LayoutCombined && !endpointIdentity(v.SrcSecID) && !p.podOpened(key) {
+			counter, both = v.Bytes+v.Word1, true
+		}
+		delta, o, young := ts.observe(key, counter, v.Lifetime, epoch, hold || ingress && holdIn)
 		switch o {
 		case obsReset:
 			st.resets++
@@ -623,13 +760,15 @@ func (p *Poller) read(name string, t Table, now time.Time, st *pollStats) error 
 			return
 		}
 		tu, _ := DecodeKey(key)
-		p.pending = append(p.pending, pending{tuple: tu, bytes: delta, limit: limit, secID: v.SrcSecID, layout: layout})
+		p.pending = append(p.pending, pending{tuple: tu, bytes: delta, limit: limit, secID: v.SrcSecID, layout: layout, both: both})
 	})
 	st.entries += entries
 	if err != nil {
 		return fmt.Errorf("%w: %w", errRead, err)
 	}
-	st.deleted += ts.complete(epoch, now)
+	deleted, missed := ts.complete(epoch, now)
+	st.deleted += deleted
+	st.missed += missed
 	if LocalMap(name) {
 		st.local++
 		st.localN += n
@@ -765,6 +904,11 @@ func (p *Poller) decideLayout(name string, ts *tableState) {
 
 func (p *Poller) setLayout(ts *tableState, l Layout) {
 	ts.layout, ts.window, ts.young, ts.ambig = l, [3]uint64{}, [3]uint64{}, false
+	p.useLayout(l)
+}
+
+// useLayout makes l the layout of maps without a decision of their own.
+func (p *Poller) useLayout(l Layout) {
 	if p.layout != l {
 		p.m.layout.Reset()
 		p.m.layout.WithLabelValues(l.String()).Set(1)
@@ -772,7 +916,29 @@ func (p *Poller) setLayout(ts *tableState, l Layout) {
 	}
 }
 
-// count attributes the poll's deltas to jobs.
+// podOpened reports whether the opener of a raw key's connection (its
+// first address) is a pod the index holds: job pods, never host-network
+// ones. Their node's egress entry holds the connection's bytes, whatever
+// identity the acceptor's entry names.
+func (p *Poller) podOpened(key []byte) bool {
+	var a netip.Addr
+	if len(key) == KeySize4 {
+		a = netip.AddrFrom4([4]byte(key[0:4]))
+	} else {
+		a = netip.AddrFrom16([16]byte(key[0:16]))
+	}
+	return p.openerIsPod(a)
+}
+
+func (p *Poller) openerIsPod(a netip.Addr) bool {
+	e, _ := p.idx.LookupIP(a)
+	return e.Pod != ""
+}
+
+// count attributes the poll's deltas to jobs. Every delta lands in a job
+// or in an unattributed reason, except the ingress entries of connections
+// a Cilium endpoint opened: its own node counts their bytes, from its
+// egress entry.
 func (p *Poller) count() {
 	var noJob, notLocal, outside uint64
 	for _, d := range p.pending {
@@ -783,22 +949,28 @@ func (p *Poller) count() {
 		t := d.tuple
 		local, peer := t.Src, t.Dst
 		openerIsPeer := false
-		switch {
-		case d.layout == LayoutSplit && t.Ingress():
-			// tx_bytes of an ingress entry: what the acceptor sent.
-			local, peer = t.Dst, t.Src
-		case d.layout == LayoutCombined && t.Ingress() && hostIdentity(d.secID):
-			// Opened by the host network (a hostNetwork pod, the node):
-			// no entry on the opener's side holds these bytes, so the
-			// acceptor's node counts them.
-			local, peer, openerIsPeer = t.Dst, t.Src, true
-		case d.layout == LayoutCombined && t.Ingress():
-			// Both directions; the opener's node counts them, unless the
-			// opener is outside the cluster and nobody does.
-			if _, ok := p.idx.LookupIP(t.Src); !ok {
-				outside += d.bytes
+		if t.Ingress() {
+			switch {
+			case d.layout == LayoutSplit && !d.both:
+				// tx_bytes of an ingress entry: what the acceptor sent.
+				local, peer = t.Dst, t.Src
+			case d.both || !endpointIdentity(d.secID) && !p.openerIsPod(t.Src):
+				// Opened by no Cilium endpoint: the host network of a node
+				// (host, remote-node, kube-apiserver, or world on a node's
+				// cilium_host address), or outside the cluster. No egress
+				// entry holds these bytes: the acceptor's node counts both
+				// directions, with the opener's zone as src_zone.
+				if !hostIdentity(d.secID) {
+					if _, ok := p.idx.LookupIP(t.Src); !ok {
+						outside += d.bytes
+						continue
+					}
+				}
+				local, peer, openerIsPeer = t.Dst, t.Src, true
+			default:
+				// Combined, opened by a Cilium endpoint: its node counts it.
+				continue
 			}
-			continue
 		}
 		le, _ := p.idx.LookupIP(local)
 		if le.Node == "" || (p.cfg.Node != "" && le.Node != p.cfg.Node) {
@@ -835,7 +1007,7 @@ func (p *Poller) setState(reason string, err error) {
 	}
 	fix := advice[reason]
 	if reason == reasonAccounting {
-		fix = "Cilium's conntrack accounting is off (connections created since the exporter started count no packets): " + EnableAdvice(p.cfg.CiliumVersion, p.layout)
+		fix = "Cilium's conntrack accounting is off (connections created since the exporter started count no packets): " + EnableAdvice(p.version, p.layout)
 	}
 	args := []any{"reason", reason, "fix", fix}
 	if err != nil && reason == errReason(err) {

@@ -22,25 +22,44 @@ type slot struct {
 	// life is the entry's lifetime (ct_entry.lifetime), which the datapath
 	// moves forward on every packet it looks up, counted or not.
 	life uint32
-	// tag is the epoch of the last read that saw the entry, shifted left
-	// by one, with the low bit set when the entry is young: first seen
+	// tag packs, so that a slot stays 16 bytes: bit 0 young (first seen
 	// after the map's first read, so created while the exporter watched;
 	// what its counters hold tells whether accounting was on when Cilium
-	// created it. (Packed so that a slot stays 16 bytes.)
+	// created it); bits 1-8 the epoch of the last read that saw it (mod
+	// 256: complete drops every slot not seen in the read it ends, so
+	// only 255 failed reads in a row could alias); bits 9-31 what it grew
+	// by in that read, in lastUnit units rounded up (saturating), for the
+	// estimate of what it moved after that read if it goes.
 	tag uint32
 }
 
-func mkSlot(bytes uint64, life, epoch uint32, young bool) slot {
-	t := epoch << 1
+const (
+	epochBits = 8
+	epochMask = 1<<epochBits - 1
+	lastShift = 1 + epochBits
+	lastMax   = 1<<(32-lastShift) - 1
+	// lastUnit: 4 KiB steps up to 32 GiB a poll.
+	lastUnit = 4096
+)
+
+func mkSlot(bytes uint64, life, epoch uint32, young bool, grew uint64) slot {
+	t := (epoch & epochMask) << 1
 	if young {
 		t |= 1
+	}
+	if grew > 0 {
+		q := min((grew+lastUnit-1)/lastUnit, lastMax)
+		t |= uint32(q) << lastShift
 	}
 	return slot{bytes: bytes, life: life, tag: t}
 }
 
 func (s slot) young() bool        { return s.tag&1 != 0 }
-func (s slot) epoch() uint32      { return s.tag >> 1 }
-func (s slot) isAt(e uint32) bool { return s.epoch() == e&(1<<31-1) }
+func (s slot) isAt(e uint32) bool { return (s.tag>>1)&epochMask == e&epochMask }
+
+// grew is what the entry grew by in the last read that saw it (rounded
+// up to lastUnit).
+func (s slot) grew() uint64 { return uint64(s.tag>>lastShift) * lastUnit }
 
 // tableState is what the poller keeps of one map between polls: the last
 // byte counter of every entry, to turn counters into deltas, and the
@@ -101,36 +120,40 @@ func (b *tableState) observe(key []byte, bytes uint64, life, epoch uint32, hold 
 			o = obsGrown
 		}
 		young := old.young() || o == obsReset
-		b.m[k] = mkSlot(old.bytes, life, epoch, young)
+		b.m[k] = mkSlot(old.bytes, life, epoch, young, 0)
 		return 0, o, young
 	}
 	switch {
 	case !ok && !b.seeded:
-		b.m[k] = mkSlot(bytes, life, epoch, false)
+		b.m[k] = mkSlot(bytes, life, epoch, false, 0)
 		return 0, obsBaseline, false
 	case !ok:
-		b.m[k] = mkSlot(bytes, life, epoch, true)
+		b.m[k] = mkSlot(bytes, life, epoch, true, bytes)
 		return bytes, obsFresh, true
 	case bytes < old.bytes:
-		b.m[k] = mkSlot(bytes, life, epoch, true)
+		b.m[k] = mkSlot(bytes, life, epoch, true, bytes)
 		return bytes, obsReset, true
 	case bytes == old.bytes:
-		b.m[k] = mkSlot(bytes, life, epoch, old.young())
+		b.m[k] = mkSlot(bytes, life, epoch, old.young(), 0)
 		return 0, same, old.young()
 	}
-	b.m[k] = mkSlot(bytes, life, epoch, old.young())
+	b.m[k] = mkSlot(bytes, life, epoch, old.young(), bytes-old.bytes)
 	return bytes - old.bytes, obsGrown, old.young()
 }
 
-// complete ends a full read: entries not seen in it are gone.
-func (b *tableState) complete(epoch uint32, now time.Time) (deleted int) {
+// complete ends a full read: entries not seen in it are gone. missed is
+// an estimate of what they moved after the read before, which nobody
+// counted: each one's growth in that read (the same rate for at most one
+// more interval; zero for entries that had stopped growing).
+func (b *tableState) complete(epoch uint32, now time.Time) (deleted int, missed uint64) {
 	for k, s := range b.m {
 		if !s.isAt(epoch) {
 			delete(b.m, k)
 			deleted++
+			missed += s.grew()
 		}
 	}
 	b.seeded = true
 	b.last = now
-	return deleted
+	return deleted, missed
 }
