@@ -359,11 +359,14 @@ func runPrometheus(t *testing.T, tools, dir, file string) *prom {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &prom{api: promv1.NewAPI(c)}
+	return &prom{api: promv1.NewAPI(c), url: "http://" + addr}
 }
 
 // prom queries the Prometheus under test.
-type prom struct{ api promv1.API }
+type prom struct {
+	api promv1.API
+	url string // its HTTP API
+}
 
 func (p *prom) query(q string, at time.Time) (model.Value, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
