@@ -110,6 +110,13 @@ func startDiscovery(ctx context.Context, client kubernetes.Interface, w *wiring,
 		select {
 		case <-synced:
 		case <-ctx.Done():
+		case <-d.Refused():
+			// RBAC: whether this node has GPUs is not known, so the GPU
+			// source is down (source_up 0), not absent, until the rule the
+			// log names is granted.
+			if !d.Up() {
+				w.exporter.AddSource("gpu", d)
+			}
 		case <-time.After(time.Minute):
 			// RBAC missing, API slow: the watch keeps trying.
 			w.logger.Warn("gpu discovery: this node's pods, node object or ResourceSlices not listed after a minute; check the RBAC (pods, nodes, resource.k8s.io resourceslices: get, list, watch)")

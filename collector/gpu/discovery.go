@@ -19,6 +19,8 @@ import (
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
+
+	"github.com/zonewatch/zonewatch/collector/kube"
 )
 
 // DefaultDCGMExporterSelectors select dcgm-exporter pods as the NVIDIA GPU
@@ -73,6 +75,10 @@ type Discovery struct {
 	capacity string         // GPU resource in node capacity/allocatable, "" if none
 	draGPUs  map[string]int // slice name -> GPU devices
 	changed  chan struct{}
+	// denied logs a missing RBAC rule once, loud; refused is closed then.
+	denied      *kube.Denials
+	refused     chan struct{}
+	refusedOnce sync.Once
 }
 
 // nodePod is what discovery keeps of a pod on this node.
@@ -107,7 +113,8 @@ func NewDiscovery(client kubernetes.Interface, o DiscoveryOptions) (*Discovery, 
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
-	d := &Discovery{opts: o, logger: o.Logger, pods: map[PodRef]*nodePod{}, draGPUs: map[string]int{}, changed: make(chan struct{}, 1)}
+	d := &Discovery{opts: o, logger: o.Logger, pods: map[PodRef]*nodePod{}, draGPUs: map[string]int{}, changed: make(chan struct{}, 1),
+		denied: kube.NewDenials("gpu", o.Logger), refused: make(chan struct{})}
 	for _, s := range o.Selectors {
 		sel, err := klabels.Parse(s)
 		if err != nil {
@@ -121,6 +128,9 @@ func NewDiscovery(client kubernetes.Interface, o DiscoveryOptions) (*Discovery, 
 	}))
 	pi := pf.Core().V1().Pods().Informer()
 	if err := pi.SetTransform(stripNodePod); err != nil {
+		return nil, err
+	}
+	if err := d.watchDenied(pi, corev1.Resource("pods")); err != nil {
 		return nil, err
 	}
 	if _, err := pi.AddEventHandler(cache.ResourceEventHandlerFuncs{
@@ -140,6 +150,9 @@ func NewDiscovery(client kubernetes.Interface, o DiscoveryOptions) (*Discovery, 
 	if err := ni.SetTransform(stripGPUNode(o.Resources)); err != nil {
 		return nil, err
 	}
+	if err := d.watchDenied(ni, corev1.Resource("nodes")); err != nil {
+		return nil, err
+	}
 	if _, err := ni.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    d.nodeChanged,
 		UpdateFunc: func(_, o any) { d.nodeChanged(o) },
@@ -155,6 +168,9 @@ func NewDiscovery(client kubernetes.Interface, o DiscoveryOptions) (*Discovery, 
 			lo.FieldSelector = resourcev1.ResourceSliceSelectorNodeName + "=" + o.Node
 		}))
 		ri := rf.Resource().V1().ResourceSlices().Informer()
+		if err := d.watchDenied(ri, resourcev1.Resource("resourceslices")); err != nil {
+			return nil, err
+		}
 		if _, err := ri.AddEventHandler(cache.ResourceEventHandlerFuncs{
 			AddFunc:    d.sliceChanged,
 			UpdateFunc: func(_, o any) { d.sliceChanged(o) },
@@ -193,6 +209,34 @@ func (d *Discovery) Run(ctx context.Context) bool {
 		f.Start(ctx.Done())
 	}
 	return cache.WaitForCacheSync(ctx.Done(), d.synced...)
+}
+
+// watchDenied makes a 403 on inf loud (kube.Denials: one error line with
+// the ClusterRole rule to add) and closes Refused.
+func (d *Discovery) watchDenied(inf cache.SharedIndexInformer, gr schema.GroupResource) error {
+	return inf.SetWatchErrorHandlerWithContext(func(ctx context.Context, r *cache.Reflector, err error) {
+		if !d.denied.Note(gr, err) {
+			cache.DefaultWatchErrorHandler(ctx, r, err)
+			return
+		}
+		d.refusedOnce.Do(func() { close(d.refused) })
+	})
+}
+
+// Refused is closed when the API first refused one of discovery's lists or
+// watches (RBAC): this node's GPUs cannot be found until the rule is
+// granted, and the GPU source is down rather than absent.
+func (d *Discovery) Refused() <-chan struct{} { return d.refused }
+
+// Up reports whether discovery's informers have synced: the GPU source's
+// zonewatch_source_up while discovery is refused.
+func (d *Discovery) Up() bool {
+	for _, s := range d.synced {
+		if !s() {
+			return false
+		}
+	}
+	return true
 }
 
 // Changed is signalled (without blocking the watch) whenever the
