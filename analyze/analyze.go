@@ -236,7 +236,7 @@ func Run(in Input) (*Report, error) {
 			j.Verdict = VerdictSplit
 		}
 		if j.SplitZone {
-			j.SuggestedFix = suggestedFix(&j, pods[jk], nodes)
+			j.SuggestedFix = suggestedFix(&j, pods.jobs[jk], nodes, pods.used)
 		}
 		rep.Jobs = append(rep.Jobs, j)
 	}

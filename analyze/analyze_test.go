@@ -58,8 +58,12 @@ func TestAnalyze(t *testing.T) {
 				events:   ByLocality{Zone: 1, CrossZone: 3},
 				policies: []string{"ml-team/zone-fence"},
 				gpu:      ptr(0.005),
-				fix: []string{"pytorchReplicaSpecs:", "Master:", "Worker:", "training.kubeflow.org/job-name: llm-train",
-					"topologyKey: topology.kubernetes.io/zone", "key: nvidia.com/gpu"},
+				// Pinned to the zone with room for all of it (the dump's
+				// allocatable GPUs less what the other pods request), no
+				// self podAffinity for the CPU-only master to anchor.
+				fix: []string{"pytorchReplicaSpecs:", "Master:", "Worker:", "us-east-1a has room for the whole job",
+					"operator: In", "- us-east-1a", "key: nvidia.com/gpu"},
+				noFix: []string{"podAffinity"},
 			}},
 			flows: 7, exit: 1,
 		},
@@ -95,8 +99,11 @@ func TestAnalyze(t *testing.T) {
 				zones:            map[string]RoleCount{"us-east-1a": {Worker: 2}, "us-east-1b": {Coordinator: 1}},
 				coordinatorZones: []string{"us-east-1b"},
 				events:           ByLocality{CrossZone: 2},
-				fix:              []string{"replicatedJobs:", "- name: workers", "jobset.sigs.k8s.io/jobset-name: bert"},
-				noFix:            []string{"tolerations"},
+				// Three pods of 8 GPUs; no zone has 24 free: the advice says
+				// so and offers gang admission instead of a pin.
+				fix: []string{"No zone can hold every pod of JobSet research/bert now (24 GPUs in 3 pods; free GPUs by zone: us-east-1a 16, us-east-1b 8, us-east-1c 8)",
+					"replicatedJobs:", "- name: workers", "kueue.x-k8s.io/podset-required-topology: topology.kubernetes.io/zone"},
+				noFix: []string{"tolerations"},
 			}},
 			flows: 6, exit: 1,
 		},
@@ -113,7 +120,7 @@ func TestAnalyze(t *testing.T) {
 				name: "hpc/pi", kind: "MPIJob", verdict: VerdictSplit,
 				zones:            map[string]RoleCount{"us-east-1a": {Worker: 2}, "us-east-1b": {Coordinator: 1}},
 				coordinatorZones: []string{"us-east-1b"}, policies: []string{},
-				fix: []string{"mpiReplicaSpecs:", "Launcher:", "Worker:", "training.kubeflow.org/job-name: pi",
+				fix: []string{"mpiReplicaSpecs:", "Launcher:", "Worker:", "key: topology.kubernetes.io/zone",
 					"effect: NoSchedule\n            key: nvidia.com/gpu\n            operator: Exists"},
 			}},
 			exit: 1,

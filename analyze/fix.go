@@ -2,7 +2,6 @@ package analyze
 
 import (
 	"fmt"
-	"slices"
 	"sort"
 	"strings"
 
@@ -39,56 +38,123 @@ var defaultReplicas = map[string]map[string]bool{
 	"MPIJob":     {"Launcher": true, "Worker": false},
 }
 
+// Gang admission, written as the controllers read it.
+const (
+	// KueueTopologyAnnotation on a pod template asks Kueue TAS to admit the
+	// pod set only into one topology domain with room for all of it
+	// (kueue.x-k8s.io, pkg/controller/tas).
+	KueueTopologyAnnotation = "kueue.x-k8s.io/podset-required-topology"
+	// KueueQueueLabel queues a job to a LocalQueue.
+	KueueQueueLabel = "kueue.x-k8s.io/queue-name"
+	// LWSExclusiveAnnotation keeps each LeaderWorkerSet group in one
+	// domain, one group per domain (sigs.k8s.io/lws api/leaderworkerset/v1
+	// ExclusiveKeyAnnotationKey).
+	LWSExclusiveAnnotation = "leaderworkerset.sigs.k8s.io/exclusive-topology"
+)
+
 // suggestedFix is a pod-template patch, in the job's own kind, that keeps
-// every pod of the job in one zone: a required podAffinity on the zone
-// selecting the job's own label (the first pod may go anywhere; the rest
-// follow it), plus tolerations for the coordinator when the GPU nodes
-// where the workers run are tainted against pods without GPUs.
-func suggestedFix(j *Job, pods *jobPods, nodes map[string]nodeInfo) string {
+// every pod of the job in one zone that has room for all of it now: a
+// required nodeAffinity to that zone on every template, plus tolerations
+// of its GPU nodes' taints for the templates whose pods have no GPUs. No
+// pod picks the zone (a required self podAffinity lets the first pod, often
+// a CPU-only coordinator, go anywhere, and the rest then cannot follow:
+// seen on the real scheduler, internal/schedlab). When no zone can hold the
+// job it says so and gives gang admission (Kueue TAS) instead, which waits
+// for room rather than starting split.
+func suggestedFix(j *Job, pods *jobPods, nodes map[string]nodeInfo, used map[string]corev1.ResourceList) string {
 	if pods == nil {
 		pods = &jobPods{replicas: map[string]bool{}}
 	}
-	selector := pods.selector
-	if selector == "" {
-		selector = "<label naming the job>"
+	rooms := roomByZone(pods.demand, nodes, used)
+	var zones []string
+	for _, r := range rooms {
+		if r.fits {
+			zones = append(zones, r.zone)
+		}
 	}
+	var gpus int64
+	for _, d := range pods.demand {
+		gpus += d.gpus
+	}
+	need := fmt.Sprintf("%s in %s", plural(int(gpus), "GPU"), plural(len(pods.demand), "pod"))
 	if j.JobKind == "LeaderWorkerSet" && pods.set != "" {
-		return lwsFix(j, pods.set)
+		return lwsFix(j, pods, zones, need, rooms)
 	}
-	tols := coordinatorTolerations(j, pods, nodes)
-	term := map[string]any{
-		"labelSelector": map[string]any{"matchLabels": map[string]any{selector: j.JobName}},
-		"topologyKey":   kube.LabelZone,
+	if len(zones) == 0 {
+		return noRoomFix(j, pods, need, rooms)
 	}
-	if j.JobKind == "RayJob" {
-		// The RayJob's RayCluster has a generated name: select the pod's
-		// own cluster with matchLabelKeys (Kubernetes 1.31+).
-		term = map[string]any{
-			"labelSelector":  map[string]any{"matchExpressions": []any{map[string]any{"key": "ray.io/cluster", "operator": "Exists"}}},
-			"matchLabelKeys": []any{"ray.io/cluster"},
-			"topologyKey":    kube.LabelZone,
+	zone := zones[0] // most free GPUs
+	tols := gpuTolerations(pods, nodes, zone)
+	pin := map[string]any{"nodeAffinity": map[string]any{"requiredDuringSchedulingIgnoredDuringExecution": map[string]any{
+		"nodeSelectorTerms": []any{map[string]any{"matchExpressions": []any{map[string]any{
+			"key": kube.LabelZone, "operator": "In", "values": []any{zone}}}}}}}}
+	where, spec := patchTemplates(j, pods, func(replicaTypes ...string) map[string]any {
+		s := map[string]any{"affinity": pin}
+		if t := tols[replicaTypes[0]]; len(t) > 0 {
+			s["tolerations"] = t
 		}
-	}
-	podSpec := func(coordinator bool) map[string]any {
-		s := map[string]any{"affinity": map[string]any{"podAffinity": map[string]any{
-			"requiredDuringSchedulingIgnoredDuringExecution": []any{term},
-		}}}
-		if coordinator && len(tols) > 0 {
-			s["tolerations"] = tols
+		for _, rt := range replicaTypes[1:] {
+			if t := tols[rt]; len(t) > 0 && s["tolerations"] == nil {
+				s["tolerations"] = t
+			}
 		}
-		return s
+		return map[string]any{"spec": s}
+	})
+	body, err := yaml.Marshal(map[string]any{"spec": spec})
+	if err != nil {
+		return "" // maps of strings always marshal
 	}
-	anyCoordinator := false
-	for _, c := range pods.replicas {
-		anyCoordinator = anyCoordinator || c
+	var b strings.Builder
+	fmt.Fprintf(&b, "# Keep every pod of %s %s/%s in one zone: add this to %s and re-create the job (running pods do not move).\n",
+		j.JobKind, j.Namespace, j.JobName, where)
+	fmt.Fprintf(&b, "# %s has room for the whole job now (%s; free GPUs by zone: %s): every pod is pinned there, none picks a zone that cannot hold the rest.\n",
+		zone, need, roomSummary(rooms))
+	if len(tols) > 0 {
+		fmt.Fprintf(&b, "# Pods without GPUs tolerate the taints of the GPU nodes in %s, so they can run next to the workers.\n", zone)
 	}
+	fmt.Fprintf(&b, "# If %s fills before the job is re-created its pods wait Pending; gang admission waits for a zone with room instead (Kueue TAS, %s).\n",
+		zone, KueueTopologyAnnotation)
+	b.Write(body)
+	return b.String()
+}
 
+// noRoomFix: no zone can hold the job; pinning it would leave pods
+// Pending, so the advice is gang admission: Kueue admits the job only
+// into a zone with room for every pod set, and creates no pod before.
+func noRoomFix(j *Job, pods *jobPods, need string, rooms []zoneRoom) string {
+	where, spec := patchTemplates(j, pods, func(...string) map[string]any {
+		return map[string]any{"metadata": map[string]any{"annotations": map[string]any{KueueTopologyAnnotation: kube.LabelZone}}}
+	})
+	body, err := yaml.Marshal(map[string]any{
+		"metadata": map[string]any{"labels": map[string]any{KueueQueueLabel: "<LocalQueue of a TAS ResourceFlavor>"}},
+		"spec":     spec,
+	})
+	if err != nil {
+		return ""
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "# No zone can hold every pod of %s %s/%s now (%s; free GPUs by zone: %s).\n",
+		j.JobKind, j.Namespace, j.JobName, need, roomSummary(rooms))
+	b.WriteString("# Pinning it to one zone would leave pods Pending. Free room in one zone (or shrink the job), or let Kueue\n")
+	fmt.Fprintf(&b, "# topology-aware scheduling admit it only when one zone has room: add this to %s (docs/runbooks.md, Kueue TAS).\n", where)
+	b.Write(body)
+	return b.String()
+}
+
+// patchTemplates lays a per-template fragment (tmpl, given the raw replica
+// types the template makes) out in the job's own kind; it returns where
+// the patch goes and the spec.
+func patchTemplates(j *Job, pods *jobPods, tmpl func(replicaTypes ...string) map[string]any) (string, map[string]any) {
+	allTypes := sortedKeys(pods.replicas)
+	if len(allTypes) == 0 {
+		allTypes = []string{""}
+	}
 	where := "its manifest"
 	var spec map[string]any
 	switch field, kubeflow := replicaSpecs[j.JobKind]; {
 	case kubeflow:
-		replicas := map[string]bool{}
-		for rt, c := range pods.replicas {
+		byKey := map[string][]string{}
+		for _, rt := range sortedKeys(pods.replicas) {
 			if rt == "" {
 				continue
 			}
@@ -96,24 +162,26 @@ func suggestedFix(j *Job, pods *jobPods, nodes map[string]nodeInfo) string {
 			if key == "" {
 				key = strings.ToUpper(rt[:1]) + rt[1:]
 			}
-			replicas[key] = replicas[key] || c
+			byKey[key] = append(byKey[key], rt)
 		}
-		if len(replicas) == 0 {
-			replicas = defaultReplicas[j.JobKind]
+		if len(byKey) == 0 {
+			for key := range defaultReplicas[j.JobKind] {
+				byKey[key] = []string{strings.ToLower(key)}
+			}
 		}
-		if len(replicas) == 0 {
-			replicas = map[string]bool{"Worker": anyCoordinator}
+		if len(byKey) == 0 {
+			byKey["Worker"] = []string{"worker"}
 		}
 		specs := map[string]any{}
-		for key, c := range replicas {
-			specs[key] = map[string]any{"template": map[string]any{"spec": podSpec(c)}}
+		for key, rts := range byKey {
+			specs[key] = map[string]any{"template": tmpl(rts...)}
 		}
 		spec = map[string]any{field: specs}
 	case j.JobKind == "JobSet" && named(pods.replicas):
 		var list []any
 		for _, name := range sortedKeys(pods.replicas) {
 			list = append(list, map[string]any{"name": name, "template": map[string]any{"spec": map[string]any{
-				"template": map[string]any{"spec": podSpec(pods.replicas[name])}}}})
+				"template": tmpl(name)}}})
 		}
 		spec = map[string]any{"replicatedJobs": list}
 		where = "its manifest (for a Kubeflow TrainJob: its runtime's spec.template)"
@@ -123,19 +191,19 @@ func suggestedFix(j *Job, pods *jobPods, nodes map[string]nodeInfo) string {
 		var list []any
 		for _, name := range sortedKeys(pods.replicas) {
 			list = append(list, map[string]any{"name": name, "template": map[string]any{"spec": map[string]any{
-				"template": map[string]any{"spec": podSpec(pods.replicas[name])}}}})
+				"template": tmpl(name)}}})
 		}
 		spec = map[string]any{"runtimePatches": []any{map[string]any{"manager": "zonewatch", "trainingRuntimeSpec": map[string]any{
 			"template": map[string]any{"spec": map[string]any{"replicatedJobs": list}}}}}}
 	case j.JobKind == "LeaderWorkerSet":
 		spec = map[string]any{"leaderWorkerTemplate": map[string]any{
-			"leaderTemplate": map[string]any{"spec": podSpec(true)},
-			"workerTemplate": map[string]any{"spec": podSpec(false)},
+			"leaderTemplate": tmpl(leaderTypes(pods)...),
+			"workerTemplate": tmpl(workerTypes(pods)...),
 		}}
 	case j.JobKind == "VolcanoJob" && named(pods.replicas):
 		var list []any
 		for _, name := range sortedKeys(pods.replicas) {
-			list = append(list, map[string]any{"name": name, "template": map[string]any{"spec": podSpec(pods.replicas[name])}})
+			list = append(list, map[string]any{"name": name, "template": tmpl(name)})
 		}
 		spec = map[string]any{"tasks": list}
 	case (j.JobKind == "RayCluster" || j.JobKind == "RayJob") && len(pods.rayGroups) > 0:
@@ -143,10 +211,10 @@ func suggestedFix(j *Job, pods *jobPods, nodes map[string]nodeInfo) string {
 		groups := append([]string(nil), pods.rayGroups...)
 		sort.Strings(groups)
 		for _, g := range groups {
-			list = append(list, map[string]any{"groupName": g, "template": map[string]any{"spec": podSpec(false)}})
+			list = append(list, map[string]any{"groupName": g, "template": tmpl("worker")})
 		}
 		spec = map[string]any{
-			"headGroupSpec":    map[string]any{"template": map[string]any{"spec": podSpec(true)}},
+			"headGroupSpec":    map[string]any{"template": tmpl("head")},
 			"workerGroupSpecs": list,
 		}
 		if j.JobKind == "RayJob" {
@@ -155,82 +223,104 @@ func suggestedFix(j *Job, pods *jobPods, nodes map[string]nodeInfo) string {
 	default:
 		// A batch Job has one pod template; other kinds get it for each
 		// of theirs.
-		spec = map[string]any{"template": map[string]any{"spec": podSpec(anyCoordinator)}}
+		spec = map[string]any{"template": tmpl(allTypes...)}
 		if j.JobKind != "Job" {
 			where = "every pod template in its manifest"
 		}
 	}
-	body, err := yaml.Marshal(map[string]any{"spec": spec})
-	if err != nil {
-		return "" // maps of strings always marshal
+	return where, spec
+}
+
+func leaderTypes(pods *jobPods) []string {
+	var out []string
+	for _, rt := range sortedKeys(pods.replicas) {
+		if pods.replicas[rt] {
+			out = append(out, rt)
+		}
 	}
-	var b strings.Builder
-	fmt.Fprintf(&b, "# Keep every pod of %s %s/%s in one zone: add this to %s and re-create the job (running pods do not move).\n",
-		j.JobKind, j.Namespace, j.JobName, where)
-	b.WriteString("# The first pod scheduled picks the zone; that zone needs room for every pod of the job.\n")
-	if len(tols) > 0 {
-		b.WriteString("# The coordinator tolerates the taints of the GPU nodes in its workers' zone, so it can run there.\n")
+	return append(out, "")
+}
+
+func workerTypes(pods *jobPods) []string {
+	var out []string
+	for _, rt := range sortedKeys(pods.replicas) {
+		if !pods.replicas[rt] {
+			out = append(out, rt)
+		}
 	}
-	b.Write(body)
-	return b.String()
+	return append(out, "")
 }
 
 // lwsFix: a LeaderWorkerSet's groups are independent replicas, and
 // spreading them across zones is healthy; what must stay in one zone is
 // each group. LWS does that itself with its exclusive-topology annotation
-// (sigs.k8s.io/lws v0.10.0 api/leaderworkerset/v1 ExclusiveKeyAnnotationKey;
-// pkg/webhooks/pod_webhook.go gives each group's pods affinity to their
-// group-key and anti-affinity to other groups in the topology domain).
-func lwsFix(j *Job, set string) string {
-	body, err := yaml.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]any{
-		"leaderworkerset.sigs.k8s.io/exclusive-topology": kube.LabelZone,
-	}}})
+// (sigs.k8s.io/lws v0.10.0 pkg/webhooks/pod_webhook.go gives each group's
+// pods a required affinity to their group-key and anti-affinity to other
+// groups in the domain). The leader picks the zone, so the templates are
+// also held to the zones with room for a whole group.
+func lwsFix(j *Job, pods *jobPods, zones []string, need string, rooms []zoneRoom) string {
+	if len(zones) == 0 {
+		return noRoomFix(j, pods, need, rooms)
+	}
+	vals := make([]any, len(zones))
+	for i, z := range zones {
+		vals[i] = z
+	}
+	pin := map[string]any{"spec": map[string]any{"affinity": map[string]any{"nodeAffinity": map[string]any{
+		"requiredDuringSchedulingIgnoredDuringExecution": map[string]any{"nodeSelectorTerms": []any{map[string]any{
+			"matchExpressions": []any{map[string]any{"key": kube.LabelZone, "operator": "In", "values": vals}}}}}}}}}
+	body, err := yaml.Marshal(map[string]any{
+		"metadata": map[string]any{"annotations": map[string]any{LWSExclusiveAnnotation: kube.LabelZone}},
+		"spec": map[string]any{"leaderWorkerTemplate": map[string]any{
+			"leaderTemplate": pin, "workerTemplate": pin}},
+	})
 	if err != nil {
 		return ""
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "# Keep each group of LeaderWorkerSet %s/%s in one zone (group %s is split): add this annotation to the LeaderWorkerSet and re-create it (running pods do not move).\n",
-		j.Namespace, set, j.JobName)
+	fmt.Fprintf(&b, "# Keep each group of LeaderWorkerSet %s/%s in one zone (group %s is split): add this to the LeaderWorkerSet and re-create it (running pods do not move).\n",
+		j.Namespace, pods.set, j.JobName)
 	b.WriteString("# Groups are replicas of one service and may run in different zones; the annotation keeps every group's pods together, one group per zone (more groups than zones leave some pending).\n")
+	fmt.Fprintf(&b, "# The leader picks its group's zone: only %s can hold a whole group now (%s; free GPUs by zone: %s).\n",
+		strings.Join(zones, ", "), need, roomSummary(rooms))
 	b.Write(body)
 	return b.String()
 }
 
-// coordinatorTolerations returns tolerations for the NoSchedule/NoExecute
-// taints of the GPU nodes in the workers' zones (every GPU node when no
-// worker is scheduled) that some coordinator pod does not tolerate.
-func coordinatorTolerations(j *Job, pods *jobPods, nodes map[string]nodeInfo) []any {
-	if len(pods.coordinatorTolerations) == 0 {
-		return nil
-	}
+// gpuTolerations returns, per raw replica type whose pods have no GPUs,
+// tolerations for the NoSchedule/NoExecute taints of the GPU nodes in zone
+// that some of its pods do not tolerate.
+func gpuTolerations(pods *jobPods, nodes map[string]nodeInfo, zone string) map[string][]any {
 	type te struct{ key, effect string }
-	need := map[te]bool{}
-	for _, n := range nodes {
-		if !n.gpu || (len(j.workerZones) > 0 && !slices.Contains(j.workerZones, n.zone)) {
+	out := map[string][]any{}
+	for _, d := range pods.demand {
+		if d.gpus > 0 || out[d.replicaType] != nil {
 			continue
 		}
-		for i := range n.taints {
-			t := &n.taints[i]
-			for _, have := range pods.coordinatorTolerations {
-				if !tolerated(have, t) {
+		need := map[te]bool{}
+		for _, n := range nodes {
+			if !n.gpu || n.zone != zone {
+				continue
+			}
+			for i := range n.taints {
+				if t := &n.taints[i]; !tolerated(d.tolerations, t) {
 					need[te{t.Key, string(t.Effect)}] = true
 				}
 			}
 		}
-	}
-	keys := make([]te, 0, len(need))
-	for k := range need {
-		keys = append(keys, k)
-	}
-	sort.Slice(keys, func(a, b int) bool {
-		if keys[a].key != keys[b].key {
-			return keys[a].key < keys[b].key
+		keys := make([]te, 0, len(need))
+		for k := range need {
+			keys = append(keys, k)
 		}
-		return keys[a].effect < keys[b].effect
-	})
-	out := make([]any, 0, len(keys))
-	for _, k := range keys {
-		out = append(out, map[string]any{"key": k.key, "operator": "Exists", "effect": k.effect})
+		sort.Slice(keys, func(a, b int) bool {
+			if keys[a].key != keys[b].key {
+				return keys[a].key < keys[b].key
+			}
+			return keys[a].effect < keys[b].effect
+		})
+		for _, k := range keys {
+			out[d.replicaType] = append(out[d.replicaType], map[string]any{"key": k.key, "operator": "Exists", "effect": k.effect})
+		}
 	}
 	return out
 }

@@ -64,7 +64,7 @@ func TestIdentityShapes(t *testing.T) {
 		// Points 3 and 9: the launcher coordinates, node 0-0 does not; the
 		// kind is the TrainJob, the fix a TrainJob runtime patch.
 		"ml/ds": {kind: "TrainJob", verdict: VerdictSplit, zones: map[string]RoleCount{a: {Worker: 2}, b: {Coordinator: 1}},
-			fix: []string{"runtimePatches:", "manager: zonewatch", "- name: launcher", "- name: node", "jobset.sigs.k8s.io/jobset-name: ds"}},
+			fix: []string{"runtimePatches:", "manager: zonewatch", "- name: launcher", "- name: node", "key: topology.kubernetes.io/zone"}},
 		// Point 2: the coordinator label names pt-workers-0-1 in zone b.
 		"ml/pt": {kind: "JobSet", verdict: VerdictSplit, zones: map[string]RoleCount{a: {Worker: 2}, b: {Coordinator: 1}}},
 		// Point 6: the terminating pod in zone b is not placed.
@@ -80,7 +80,7 @@ func TestIdentityShapes(t *testing.T) {
 		"etl/etl": {kind: "Job", verdict: VerdictHealthy, zones: map[string]RoleCount{a: {Coordinator: 1, Worker: 1}}},
 		// Points 8 and 9: head, worker and submitter are the RayJob.
 		"ray/tune": {kind: "RayJob", verdict: VerdictSplit, zones: map[string]RoleCount{a: {Coordinator: 1, Worker: 1}, b: {Worker: 1}},
-			fix: []string{"rayClusterSpec:", "headGroupSpec:", "groupName: gpu", "matchLabelKeys:", "- ray.io/cluster"}},
+			fix: []string{"rayClusterSpec:", "headGroupSpec:", "groupName: gpu", "key: topology.kubernetes.io/zone"}, noFix: []string{"podAffinity"}},
 	}
 	got := map[string]Job{}
 	for _, j := range rep.Jobs {

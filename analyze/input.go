@@ -114,6 +114,11 @@ type nodeInfo struct {
 	zone   string
 	gpu    bool
 	taints []corev1.Taint // NoSchedule and NoExecute only
+	// What roomByZone needs: a node that is not Ready or is cordoned
+	// takes no pod.
+	labels               map[string]string
+	allocatable          corev1.ResourceList
+	ready, unschedulable bool
 }
 
 func loadNodes(index *topology.Index, path string) (map[string]nodeInfo, error) {
@@ -130,7 +135,13 @@ func loadNodes(index *topology.Index, path string) (map[string]nodeInfo, error) 
 		if err := json.Unmarshal(raw, &n); err != nil {
 			return err
 		}
-		info := nodeInfo{gpu: isGPUNode(&n)}
+		// A dump without conditions (hand-written) is taken as Ready.
+		info := nodeInfo{gpu: isGPUNode(&n), labels: n.Labels, allocatable: n.Status.Allocatable, unschedulable: n.Spec.Unschedulable, ready: true}
+		for _, c := range n.Status.Conditions {
+			if c.Type == corev1.NodeReady {
+				info.ready = c.Status == corev1.ConditionTrue
+			}
+		}
 		info.zone, _, _ = index.NodeZone(n.Name)
 		for _, t := range n.Spec.Taints {
 			if t.Effect == corev1.TaintEffectNoSchedule || t.Effect == corev1.TaintEffectNoExecute {
@@ -180,9 +191,19 @@ type jobPods struct {
 	// rank-0 guesses, which count only without one.
 	explicit bool
 	guesses  []guess
+	// demand is every unfinished pod of the job, pending ones too.
+	demand []podDemand
 }
 
-func loadPods(index *topology.Index, rules []topology.Rule, path string) (map[jobKey]*jobPods, error) {
+// podSet is what loadPods reads: each job's pods, and what every
+// unfinished pod bound to a node requests there (every pod of the dump,
+// not only job pods: they all take room).
+type podSet struct {
+	jobs map[jobKey]*jobPods
+	used map[string]corev1.ResourceList
+}
+
+func loadPods(index *topology.Index, rules []topology.Rule, path string) (*podSet, error) {
 	f, err := readKubeFile("pods", path)
 	if err != nil {
 		return nil, err
@@ -197,13 +218,22 @@ func loadPods(index *topology.Index, rules []topology.Rule, path string) (map[jo
 		return nil, f.wrap(err)
 	}
 	jobs := map[jobKey]*jobPods{}
+	used := map[string]corev1.ResourceList{}
 	err = kube.DecodeObjects(bytes.NewReader(f.json), "Pod", func(raw json.RawMessage) error {
 		var pod corev1.Pod
 		if err := json.Unmarshal(raw, &pod); err != nil {
 			return err
 		}
+		// A finished pod holds no room (the scheduler does not count it)
+		// and is not placed (the index does not count it); its replica
+		// type still names a template of the manifest.
+		finished := pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed
+		req := podRequests(&pod)
+		if pod.Spec.NodeName != "" && !finished {
+			used[pod.Spec.NodeName] = addList(used[pod.Spec.NodeName], req)
+		}
 		p := kube.PodWithOwners(rules, owners, &pod)
-		if p.Identity.Name == "" {
+		if p.Identity.Name == "" || pod.DeletionTimestamp != nil {
 			return nil
 		}
 		k := jobKey{p.Namespace, p.Identity.Name}
@@ -217,6 +247,14 @@ func loadPods(index *topology.Index, rules []topology.Rule, path string) (map[jo
 				}
 			}
 			jobs[k] = j
+		}
+		d := podDemand{replicaType: p.Identity.ReplicaType, requests: req, gpus: gpuCount(req),
+			tolerations: pod.Spec.Tolerations, nodeSelector: pod.Spec.NodeSelector, node: pod.Spec.NodeName}
+		if a := pod.Spec.Affinity; a != nil && a.NodeAffinity != nil {
+			d.required = a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution
+		}
+		if !finished {
+			j.demand = append(j.demand, d)
 		}
 		coord := p.Identity.Role == topology.RoleCoordinator
 		if _, ok := j.replicas[p.Identity.ReplicaType]; !ok {
@@ -249,7 +287,7 @@ func loadPods(index *topology.Index, rules []topology.Rule, path string) (map[jo
 			j.coordinatorTolerations = append(j.coordinatorTolerations, g.tolerations)
 		}
 	}
-	return jobs, nil
+	return &podSet{jobs: jobs, used: used}, nil
 }
 
 // guess is a pod that coordinates only by rank 0.
