@@ -1,16 +1,22 @@
 package main
 
 import (
+	"context"
 	"log/slog"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/zonewatch/zonewatch/collector"
 	"github.com/zonewatch/zonewatch/collector/conntrack"
+	"github.com/zonewatch/zonewatch/collector/hubble"
+	"github.com/zonewatch/zonewatch/sim"
 	"github.com/zonewatch/zonewatch/topology"
 )
 
@@ -72,5 +78,51 @@ func TestConntrackWaitsForInformers(t *testing.T) {
 	p.Poll(t0.Add(20 * time.Second))
 	if got := p.Bytes("ml", "train", "z-a", "z-b", topology.LocalityCrossZone); got != 4000 {
 		t.Fatalf("job bytes = %v, want 4000 (the growth while the pods were unknown)", got)
+	}
+}
+
+// TestCiliumVersionDecidesLayout: the exporter asks the node's agent its
+// version over the Hubble socket (ServerStatus, here the simulation's
+// fake Observer, a real gRPC server) and the conntrack layout is decided
+// from it before any entry exists.
+func TestCiliumVersionDecidesLayout(t *testing.T) {
+	h := sim.NewHubble(sim.Default(), "", 0)
+	sock := filepath.Join(t.TempDir(), "hubble.sock")
+	if err := h.Start(sock); err != nil {
+		t.Fatal(err)
+	}
+	defer h.Stop()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	v, err := ciliumVersion(ctx, "unix://"+sock)
+	if err != nil || v != sim.HubbleVersion {
+		t.Fatalf("version %q, %v; want %q", v, err, sim.HubbleVersion)
+	}
+	reg := prometheus.NewRegistry()
+	p, err := conntrack.New(conntrack.NewMemSource(), topology.NewIndex(), conntrack.Config{Self: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go followCiliumVersion(ctx, hubble.Config{Address: "unix://" + sock}, p, slog.New(slog.DiscardHandler))
+	layout := func() string {
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, mf := range mfs {
+			if mf.GetName() == "zonewatch_conntrack_layout_info" {
+				for _, m := range mf.GetMetric() {
+					if m.GetGauge().GetValue() == 1 {
+						return m.GetLabel()[0].GetValue()
+					}
+				}
+			}
+		}
+		return ""
+	}
+	for deadline := time.Now().Add(30 * time.Second); layout() != "combined"; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("layout %q, want combined (from %q)", layout(), sim.HubbleVersion)
+		}
 	}
 }
