@@ -57,7 +57,7 @@ func (d *Denials) Note(gr schema.GroupResource, err error) bool {
 	}
 	user, verb := deniedRequest(err)
 	d.logger.Log(context.Background(), level, "permission denied: add the rule to zonewatch's ClusterRole (Helm chart: templates/clusterrole.yaml); "+d.source+" recovers by itself once granted",
-		"source", d.source, "verb", verb, "resource", ResourceName(gr), "user", user, "rule", Rule(gr))
+		"starved_source", d.source, "verb", verb, "resource", ResourceName(gr), "user", user, "rule", Rule(gr))
 	return true
 }
 
