@@ -219,6 +219,10 @@ type Poller struct {
 	// touches them.
 	watchGen uint64
 	watched  map[podRef]bool
+	// recent remembers where job pods were (see lookup); now is the time
+	// of the poll in progress.
+	recent map[netip.Addr]recentPod
+	now    time.Time
 
 	m selfMetrics
 }
@@ -297,6 +301,7 @@ func New(src Source, idx Index, cfg Config) (*Poller, error) {
 		src: src, idx: idx, cfg: cfg, log: cfg.Logger,
 		bytes:  jobcounter.New[bytesKey](bytesDesc, idx, cfg.Grace),
 		tables: map[string]*tableState{},
+		recent: map[netip.Addr]recentPod{},
 		layout: cfg.Layout,
 		m:      newSelfMetrics(),
 	}
@@ -521,6 +526,7 @@ func (p *Poller) Poll(now time.Time) {
 	defer p.mu.Unlock()
 	start := time.Now()
 	p.epoch++
+	p.now = now
 	p.pending = p.pending[:0]
 	p.ready = p.cfg.Ready == nil || p.cfg.Ready()
 
@@ -594,6 +600,7 @@ func (p *Poller) Poll(now time.Time) {
 	if !p.accountOff {
 		p.count()
 	}
+	p.forgetRecent()
 	if st.undecided && !p.undecidedSaid {
 		p.undecidedSaid = true
 		p.log.Info("conntrack layout not known yet (no Cilium version, too few ingress entries): counting egress entries, which read the same in both layouts; the growth of ingress entries is counted once the layout is known")
@@ -935,6 +942,41 @@ func (p *Poller) openerIsPod(a netip.Addr) bool {
 	return e.Pod != ""
 }
 
+// lookup places an address through the index, or as the job pod it was
+// until recently: a pod that finished or was deleted leaves the index at
+// once, while the final reads of its entries (see Run) are still to be
+// attributed to its job. A job pod's place is remembered for goingWindow
+// after the last poll that found it.
+func (p *Poller) lookup(a netip.Addr) topology.Endpoint {
+	e, _ := p.idx.LookupIP(a)
+	if e.Pod != "" {
+		if r, ok := p.recent[a]; !ok || r.epoch != p.epoch || r.ep != e {
+			p.recent[a] = recentPod{e, p.epoch, p.now}
+		}
+		return e
+	}
+	if r, ok := p.recent[a]; ok && p.now.Sub(r.seen) <= goingWindow {
+		return r.ep
+	}
+	return e
+}
+
+// recentPod is a job pod's place as a poll found it.
+type recentPod struct {
+	ep    topology.Endpoint
+	epoch uint32
+	seen  time.Time
+}
+
+// forgetRecent drops the pods not found for goingWindow.
+func (p *Poller) forgetRecent() {
+	for a, r := range p.recent {
+		if p.now.Sub(r.seen) > goingWindow {
+			delete(p.recent, a)
+		}
+	}
+}
+
 // count attributes the poll's deltas to jobs. Every delta lands in a job
 // or in an unattributed reason, except the ingress entries of connections
 // a Cilium endpoint opened: its own node counts their bytes, from its
@@ -972,7 +1014,7 @@ func (p *Poller) count() {
 				continue
 			}
 		}
-		le, _ := p.idx.LookupIP(local)
+		le := p.lookup(local)
 		if le.Node == "" || (p.cfg.Node != "" && le.Node != p.cfg.Node) {
 			notLocal += d.bytes
 			continue
@@ -981,7 +1023,7 @@ func (p *Poller) count() {
 			noJob += d.bytes
 			continue
 		}
-		pe, _ := p.idx.LookupIP(peer)
+		pe := p.lookup(peer)
 		src, dst := le.Zone, pe.Zone
 		if openerIsPeer {
 			src, dst = dst, src

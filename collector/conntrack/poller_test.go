@@ -619,7 +619,9 @@ func TestHeldUntilLayoutKnown(t *testing.T) {
 	// The master opened it; worker0's replies are the tx of n1's entry.
 	c := conn{from: master, to: worker0, fromNode: "n2", toNode: "n1", sport: 40000, dport: 29500, sentPkts: 1, replyPkts: 1, sent: 500}
 	var i int
-	decided := func() bool { return !strings.Contains(logs.String(), "not known yet") || strings.Contains(logs.String(), "decided") }
+	decided := func() bool {
+		return !strings.Contains(logs.String(), "not known yet") || strings.Contains(logs.String(), "decided")
+	}
 	for i = 0; i < 20; i++ {
 		c.reply = uint64(1000 * (i + 1))
 		src.Set(conntrack.MapTCP4, table(c.entries("n1", conntrack.LayoutSplit)...))
