@@ -448,6 +448,33 @@ func mergeArgs(a, b map[string]string) map[string]string {
 	return out
 }
 
+// startRelayExporters runs the exporter in Relay mode as the chart's
+// sharded Deployment does (--node-name= and --shard/--total-shards, Hubble
+// through Relay, no per-node sources), one process per shard on the host.
+func startRelayExporters(t *testing.T, api *testenv.APIServer, relay string, total int) map[string]string {
+	t.Helper()
+	bin := exporterBinary(t)
+	id := api.ChartIdentity(t, nil)
+	dir := t.TempDir()
+	addrs := map[string]string{}
+	for i := range total {
+		addr := net.JoinHostPort("127.0.0.1", fmt.Sprint(testenv.FreePort(t)))
+		name := fmt.Sprintf("relay-shard-%d", i)
+		testenv.Start(t, dir, name, bin, "--web.listen-address="+addr, "--node-name=",
+			fmt.Sprintf("--shard=%d", i), fmt.Sprintf("--total-shards=%d", total),
+			"--hubble.enabled", "--hubble.address="+relay, "--hubble.cluster-name=default",
+			"--gpu.source=none", "--no-conntrack.enabled", "--no-probe.enabled",
+			"--kubeconfig="+id.Kubeconfig)
+		addrs[name] = addr
+	}
+	for name, addr := range addrs {
+		if !waitReady(t, exporter{node: name, addr: addr}, 2*time.Minute) {
+			t.FailNow()
+		}
+	}
+	return addrs
+}
+
 // agentDrops is the sum of the agents' own policy drop counters
 // (cilium_drop_count_total, read from the datapath's metrics map at scrape
 // time) by reason.
@@ -580,7 +607,7 @@ func TestCiliumLab(t *testing.T) {
 		t.Skip("end-to-end: starts four Cilium agents")
 	}
 	began := time.Now()
-	lab, api, tools := startCiliumLab(t, false)
+	lab, api, tools := startCiliumLab(t, true)
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
 	t.Logf("lab start: %s (apiserver and four agents ready, each knowing every node)", lab.StartTime.Round(time.Millisecond))
@@ -596,6 +623,13 @@ func TestCiliumLab(t *testing.T) {
 
 	gpus := sc.gpus(t, lab)
 	addrs := startLabExporters(t, lab, api, gpus)
+	// Relay mode beside them: hubble-relay on the coordinator's node and
+	// two shards following it, started before any traffic as well.
+	relayAddr, _, err := lab.StartRelay(ctx, lab.Node("cpu-b1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	shards := startRelayExporters(t, api, relayAddr, 2)
 	dropsBefore := agentDrops(t, lab)
 
 	// Hard block: each worker tries the rendezvous 5 times.
@@ -694,6 +728,20 @@ func TestCiliumLab(t *testing.T) {
 		}
 	})
 
+	t.Run("relay", func(t *testing.T) {
+		for _, j := range []*labJob{blocked, slow, healthy} {
+			for _, m := range []string{"zonewatch_job_policy_drops_total", "zonewatch_job_flow_events_total"} {
+				match := map[string]string{"namespace": j.ns, "job_name": j.name}
+				var perNode, relay float64
+				eventually(t, time.Minute, j.name+" "+m+" through Relay as per node", func() (bool, string) {
+					perNode, relay = sumExporters(t, addrs, m, match), sumExporters(t, shards, m, match)
+					return perNode == relay, fmt.Sprintf("per node %g, Relay shards %g", perNode, relay)
+				})
+				t.Logf("%s/%s %s: per-node exporters %g, two Relay shards %g", j.ns, j.name, m, perNode, relay)
+			}
+		}
+	})
+
 	t.Run("nothing unplaced", func(t *testing.T) {
 		if u := sumExporters(t, addrs, "zonewatch_hubble_flows_unresolved_total", nil); u != 0 {
 			t.Errorf("zonewatch_hubble_flows_unresolved_total = %g, want 0: %v", u, seriesOf(t, addrs, "zonewatch_hubble_flows_unresolved_total", nil))
@@ -712,6 +760,7 @@ func TestCiliumLab(t *testing.T) {
 	// resolves. The GPUs are simulated (no GPU here): the blocked job's
 	// read 1%, as GPUs waiting on a rendezvous do.
 	t.Run("page fires and resolves", func(t *testing.T) {
+		testenv.ToolsBin(t, "prometheus", "alertmanager")
 		dir := t.TempDir()
 		cfg := testRulesConfig()
 		hook := newWebhook(t)
