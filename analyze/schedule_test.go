@@ -1,0 +1,569 @@
+package analyze
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/dynamic"
+	"sigs.k8s.io/yaml"
+
+	"github.com/zonewatch/zonewatch/internal/schedlab"
+	"github.com/zonewatch/zonewatch/topology"
+)
+
+// The scheduling bed: the seed's cluster in each cell. us-east-1b's GPUs
+// hold the whole job (16 GPUs), us-east-1a's hold half of it, the CPU
+// nodes are in us-east-1c. GPU nodes are tainted as GPU clusters taint
+// them. The job: a CPU-only coordinator (where the controller has one) and
+// four workers of 4 GPUs.
+const (
+	smallZone, roomyZone, cpuZone = "us-east-1a", "us-east-1b", "us-east-1c"
+)
+
+var bedSize = schedlab.Size{Workers: 4, WorkerGPUs: 4, WorkerCPU: "4", WorkerMem: "32Gi", CoordCPU: "2", CoordMem: "8Gi"}
+
+func bedNodes(cell string, gpuPerZone map[string]int) []schedlab.Node {
+	var nodes []schedlab.Node
+	lbl := map[string]string{schedlab.LabelCell: cell}
+	for _, z := range []string{smallZone, roomyZone} {
+		for i := 0; i < gpuPerZone[z]; i++ {
+			nodes = append(nodes, schedlab.Node{Name: fmt.Sprintf("%s-gpu-%s-%d", cell, z[len(z)-1:], i), Zone: z, Region: "us-east-1",
+				CPU: "32", Memory: "256Gi", GPUs: 8, Labels: lbl, Taints: []corev1.Taint{schedlab.GPUTaint}})
+		}
+	}
+	for i := 0; i < 2; i++ {
+		nodes = append(nodes, schedlab.Node{Name: fmt.Sprintf("%s-cpu-c-%d", cell, i), Zone: cpuZone, Region: "us-east-1",
+			CPU: "64", Memory: "512Gi", Labels: lbl})
+	}
+	return nodes
+}
+
+// Creation orders that matter: the coordinator (rank 0 where every pod
+// has GPUs) scheduled before any worker exists, after every worker, and
+// created among them at once.
+var orders = []string{"coordinator first", "workers first", "interleaved"}
+
+// Conditions, in the order each cell runs them.
+var conditions = []string{"none", "self podAffinity (old advice)", "analyze fix", "runbook YAML", "admission policy"}
+
+type outcome struct {
+	zones   int
+	pending int
+	note    string
+}
+
+func (o outcome) String() string {
+	switch {
+	case o.note != "":
+		return o.note
+	case o.pending > 0:
+		return "pending"
+	case o.zones == 1:
+		return "one zone"
+	default:
+		return "split"
+	}
+}
+
+// TestFixOnRealScheduler creates the pods of every controller shape as
+// the controller creates them, in each order, repeated (the scheduler
+// breaks ties at random), on the real kube-scheduler, without a fix, with
+// the advice zonewatch gave before (a required self podAffinity), with
+// analyze's fix (computed from the dump of the unfixed run), with the YAML
+// of docs/runbooks.md, and with the opt-in admission policy; and logs
+// where the pods landed. The fix and the runbook must give one zone and no
+// Pending pod every time; the policy must leave no pod Pending.
+func TestFixOnRealScheduler(t *testing.T) {
+	lab := schedlab.Start(t)
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), 9*time.Minute)
+	defer cancel()
+	reps := 2
+	if s := os.Getenv("ZONEWATCH_SCHEDLAB_REPEAT"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 1 {
+			t.Fatalf("ZONEWATCH_SCHEDLAB_REPEAT=%q is not a count", s)
+		}
+		reps = n
+	}
+	snippets := runbookSnippets(t)
+	installPolicy(ctx, t, lab)
+
+	type key struct{ shape, order string }
+	var mu sync.Mutex
+	results := map[key]map[string][]outcome{}
+	var wg sync.WaitGroup
+	cell := 0
+	for _, shape := range schedlab.Shapes() {
+		for _, order := range orders {
+			for r := 0; r < reps; r++ {
+				cell++
+				name := fmt.Sprintf("c%03d", cell)
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					got, err := runCell(ctx, lab, name, shape, order, snippets)
+					if err != nil {
+						t.Errorf("%s %s (%s): %v", shape.Name, order, name, err)
+					}
+					mu.Lock()
+					defer mu.Unlock()
+					k := key{shape.Name, order}
+					if results[k] == nil {
+						results[k] = map[string][]outcome{}
+					}
+					for c, o := range got {
+						results[k][c] = append(results[k][c], o)
+					}
+				}()
+			}
+		}
+	}
+	// A cluster where no zone can hold the job: the advice says so.
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		if err := noRoomCell(ctx, lab); err != nil {
+			t.Error(err)
+		}
+	}()
+	wg.Wait()
+
+	var b strings.Builder
+	fmt.Fprintf(&b, "placements on kube-scheduler, %d runs per row (one zone / split / pending):\n\n| shape | order |", reps)
+	for _, c := range conditions {
+		b.WriteString(" " + c + " |")
+	}
+	b.WriteString("\n|---|---|" + strings.Repeat("---|", len(conditions)) + "\n")
+	totals := map[string]map[string]int{}
+	for _, shape := range schedlab.Shapes() {
+		for _, order := range orders {
+			fmt.Fprintf(&b, "| %s | %s |", shape.Name, order)
+			for _, c := range conditions {
+				count := map[string]int{}
+				for _, o := range results[key{shape.Name, order}][c] {
+					count[o.String()]++
+					if totals[c] == nil {
+						totals[c] = map[string]int{}
+					}
+					totals[c][o.String()]++
+					switch {
+					case (c == "analyze fix" || c == "runbook YAML") && o.note == "" && (o.pending > 0 || o.zones != 1):
+						t.Errorf("%s %s with %s: %d zones, %d pods Pending; want one zone, none Pending", shape.Name, order, c, o.zones, o.pending)
+					case c == "admission policy" && o.pending > 0:
+						t.Errorf("%s %s with the admission policy: %d pods Pending", shape.Name, order, o.pending)
+					}
+				}
+				fmt.Fprintf(&b, " %s |", summary(count))
+			}
+			b.WriteString("\n")
+		}
+	}
+	b.WriteString("| all | |")
+	for _, c := range conditions {
+		fmt.Fprintf(&b, " %s |", summary(totals[c]))
+	}
+	fmt.Fprintf(&b, "\n\n%d cells, %s\n", cell, time.Since(start).Round(time.Second))
+	t.Log("\n" + b.String())
+}
+
+func summary(count map[string]int) string {
+	keys := make([]string, 0, len(count))
+	for k := range count {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	parts := make([]string, 0, len(keys))
+	for _, k := range keys {
+		parts = append(parts, fmt.Sprintf("%s %d", k, count[k]))
+	}
+	return strings.Join(parts, ", ")
+}
+
+// runCell runs every condition for one job on its own nodes.
+func runCell(ctx context.Context, lab *schedlab.Lab, cell string, shape *schedlab.Shape, order string, snippets map[string]map[string]any) (map[string]outcome, error) {
+	nodes := bedNodes(cell, map[string]int{smallZone: 1, roomyZone: 2})
+	if err := lab.AddNodes(ctx, nodes...); err != nil {
+		return nil, err
+	}
+	zoneOf := map[string]string{}
+	for _, n := range nodes {
+		zoneOf[n.Name] = n.Zone
+	}
+	job := shape.New("", "train", bedSize)
+	out := map[string]outcome{}
+	var fix string
+	for i, cond := range conditions {
+		ns := fmt.Sprintf("%s-%d", cell, i)
+		var lbl map[string]string
+		if cond == "admission policy" {
+			lbl = map[string]string{AdmissionNamespaceLabel: "true"}
+		}
+		if err := lab.EnsureNamespace(ctx, ns, lbl); err != nil {
+			return out, err
+		}
+		j := job.Copy()
+		j.Namespace = ns
+		switch cond {
+		case "self podAffinity (old advice)":
+			oldAdvice(j)
+		case "analyze fix":
+			if fix == "" {
+				out[cond] = outcome{note: "not split"}
+				continue
+			}
+			var patch map[string]any
+			if err := yaml.Unmarshal([]byte(fix), &patch); err != nil {
+				return out, fmt.Errorf("the fix is not YAML: %v\n%s", err, fix)
+			}
+			if strings.HasPrefix(fix, "# No zone") {
+				return out, fmt.Errorf("analyze says no zone can hold the job:\n%s", fix)
+			}
+			schedlab.Merge(j.Manifest, patch)
+		case "runbook YAML":
+			for _, tm := range j.Templates() {
+				schedlab.Merge(tm.T, deepCopyMap(snippets["every pod template"]))
+				if !tm.GPU {
+					schedlab.Merge(tm.T, deepCopyMap(snippets["pod templates without GPUs"]))
+				}
+			}
+		}
+		p, err := place(ctx, lab, j, cell, order)
+		if err != nil {
+			return out, fmt.Errorf("%s: %w", cond, err)
+		}
+		o := outcome{pending: p.Pending()}
+		zones := map[string]bool{}
+		for _, node := range p {
+			if node != "" {
+				zones[zoneOf[node]] = true
+			}
+		}
+		o.zones = len(zones)
+		out[cond] = o
+		pods, err := lab.Pods(ns)
+		if err != nil {
+			return out, err
+		}
+		switch cond {
+		case "none":
+			// Not opted in: the policy leaves the pods as created.
+			for _, pod := range pods {
+				if a := pod.Spec.Affinity; a != nil && (a.PodAffinity != nil && len(a.PodAffinity.PreferredDuringSchedulingIgnoredDuringExecution) > 0) {
+					return out, fmt.Errorf("pod %s/%s outside an opted-in namespace was mutated: %+v", ns, pod.Name, a)
+				}
+			}
+			if fix, err = analyzeFix(ctx, lab, cell, ns, j); err != nil {
+				return out, err
+			}
+		case "admission policy":
+			for _, pod := range pods {
+				if a := pod.Spec.Affinity; a == nil || a.PodAffinity == nil || len(a.PodAffinity.PreferredDuringSchedulingIgnoredDuringExecution) == 0 {
+					return out, fmt.Errorf("pod %s/%s of an opted-in namespace was not mutated", ns, pod.Name)
+				}
+			}
+		}
+		if err := lab.DeletePods(ctx, ns); err != nil {
+			return out, err
+		}
+	}
+	return out, nil
+}
+
+// place creates the job's pods in the given order and waits until the
+// scheduler is done with them.
+func place(ctx context.Context, lab *schedlab.Lab, j *schedlab.Job, cell, order string) (schedlab.Placement, error) {
+	coords, workers, _, err := j.Pods()
+	if err != nil {
+		return nil, err
+	}
+	create := func(pods ...*corev1.Pod) error {
+		for _, p := range pods {
+			if p.Spec.NodeSelector == nil {
+				p.Spec.NodeSelector = map[string]string{}
+			}
+			p.Spec.NodeSelector[schedlab.LabelCell] = cell
+			if _, err := lab.Client.CoreV1().Pods(p.Namespace).Create(ctx, p, metav1.CreateOptions{}); err != nil {
+				return fmt.Errorf("creating pod %s: %w", p.Name, err)
+			}
+		}
+		return nil
+	}
+	const quiet = 4 * time.Second
+	settle := func(n int) error {
+		sctx, cancel := context.WithTimeout(ctx, 90*time.Second)
+		defer cancel()
+		_, err := lab.Settle(sctx, j.Namespace, n, quiet)
+		return err
+	}
+	switch order {
+	case "coordinator first":
+		if err := create(coords...); err != nil {
+			return nil, err
+		}
+		if err := settle(len(coords)); err != nil {
+			return nil, err
+		}
+		if err := create(workers...); err != nil {
+			return nil, err
+		}
+	case "workers first":
+		if err := create(workers...); err != nil {
+			return nil, err
+		}
+		if err := settle(len(workers)); err != nil {
+			return nil, err
+		}
+		if err := create(coords...); err != nil {
+			return nil, err
+		}
+	default:
+		all := append([]*corev1.Pod{workers[0]}, coords...)
+		if err := create(append(all, workers[1:]...)...); err != nil {
+			return nil, err
+		}
+	}
+	sctx, cancel := context.WithTimeout(ctx, 90*time.Second)
+	defer cancel()
+	return lab.Settle(sctx, j.Namespace, len(coords)+len(workers), quiet)
+}
+
+// oldAdvice is the fix zonewatch printed before issue 27: a required
+// podAffinity on the zone selecting the job's name label on every
+// template, and tolerations of the GPU taint for templates without GPUs
+// (the LeaderWorkerSet: its exclusive-topology annotation).
+func oldAdvice(j *schedlab.Job) {
+	if j.Shape.Kind == "LeaderWorkerSet" {
+		schedlab.Merge(j.Manifest, map[string]any{"metadata": map[string]any{"annotations": map[string]any{LWSExclusiveAnnotation: "topology.kubernetes.io/zone"}}})
+		return
+	}
+	coords, _, _, _ := j.Pods()
+	var sel string
+	for _, r := range topology.DefaultRules() {
+		if v := coords[0].Labels[r.NameLabel]; v != "" {
+			sel = r.NameLabel
+			break
+		}
+	}
+	for _, tm := range j.Templates() {
+		schedlab.Merge(tm.T, map[string]any{"spec": map[string]any{"affinity": map[string]any{"podAffinity": map[string]any{
+			"requiredDuringSchedulingIgnoredDuringExecution": []any{map[string]any{
+				"labelSelector": map[string]any{"matchLabels": map[string]any{sel: coords[0].Labels[sel]}},
+				"topologyKey":   "topology.kubernetes.io/zone"}}}}}})
+		if !tm.GPU {
+			schedlab.Merge(tm.T, map[string]any{"spec": map[string]any{"tolerations": []any{
+				map[string]any{"key": GPUTaintKey, "operator": "Exists", "effect": "NoSchedule"}}}})
+		}
+	}
+}
+
+// analyzeFix dumps the cell's nodes and the namespace's pods (with the
+// intermediate objects the controllers made) as kubectl would, runs
+// analyze on them and returns the job's suggested fix ("" when it is not
+// split).
+func analyzeFix(ctx context.Context, lab *schedlab.Lab, cell, ns string, j *schedlab.Job) (string, error) {
+	nodes, err := lab.Client.CoreV1().Nodes().List(ctx, metav1.ListOptions{LabelSelector: schedlab.LabelCell + "=" + cell})
+	if err != nil {
+		return "", err
+	}
+	pods, err := lab.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return "", err
+	}
+	var nodeItems, podItems []any
+	for i := range nodes.Items {
+		n := nodes.Items[i]
+		n.APIVersion, n.Kind = "v1", "Node"
+		nodeItems = append(nodeItems, n)
+	}
+	for i := range pods.Items {
+		p := pods.Items[i]
+		p.APIVersion, p.Kind = "v1", "Pod"
+		podItems = append(podItems, p)
+	}
+	_, _, owners, err := j.Pods()
+	if err != nil {
+		return "", err
+	}
+	for _, o := range owners {
+		podItems = append(podItems, o)
+	}
+	dir, err := os.MkdirTemp("", "schedlab-analyze")
+	if err != nil {
+		return "", err
+	}
+	defer os.RemoveAll(dir)
+	write := func(name string, items []any) (string, error) {
+		b, err := json.Marshal(map[string]any{"apiVersion": "v1", "kind": "List", "items": items})
+		if err != nil {
+			return "", err
+		}
+		path := filepath.Join(dir, name)
+		return path, os.WriteFile(path, b, 0o644)
+	}
+	np, err := write("nodes.json", nodeItems)
+	if err != nil {
+		return "", err
+	}
+	pp, err := write("pods.json", podItems)
+	if err != nil {
+		return "", err
+	}
+	rep, err := Run(Input{Nodes: np, Pods: pp})
+	if err != nil {
+		return "", err
+	}
+	for _, job := range rep.Jobs {
+		if job.Namespace == ns {
+			if job.JobKind != j.Shape.Kind {
+				return "", fmt.Errorf("analyze names the job %s %s, want kind %s", job.JobKind, job.JobName, j.Shape.Kind)
+			}
+			return job.SuggestedFix, nil
+		}
+	}
+	return "", fmt.Errorf("analyze reports no job in %s: %+v", ns, rep.Jobs)
+}
+
+// noRoomCell: one GPU node per zone, a job of 16 GPUs: no zone can hold
+// it, and the advice says so instead of pinning it.
+func noRoomCell(ctx context.Context, lab *schedlab.Lab) error {
+	const cell = "noroom"
+	if err := lab.AddNodes(ctx, bedNodes(cell, map[string]int{smallZone: 1, roomyZone: 1})...); err != nil {
+		return err
+	}
+	shape := schedlab.Shapes()[0]
+	j := shape.New(cell, "train", bedSize)
+	if err := lab.EnsureNamespace(ctx, cell, nil); err != nil {
+		return err
+	}
+	p, err := place(ctx, lab, j, cell, "interleaved")
+	if err != nil {
+		return err
+	}
+	fix, err := analyzeFix(ctx, lab, cell, cell, j)
+	if err != nil {
+		return err
+	}
+	if p.Pending() > 0 || !strings.HasPrefix(fix, "# No zone can hold every pod of PyTorchJob noroom/train now (16 GPUs in 5 pods") ||
+		strings.Contains(fix, "nodeAffinity") || !strings.Contains(fix, KueueTopologyAnnotation) {
+		return fmt.Errorf("no zone has room (placement %v); the advice:\n%s", p, fix)
+	}
+	return nil
+}
+
+// runbookSnippets reads the YAML blocks of docs/runbooks.md marked
+// `<!-- schedlab: NAME -->`, with ZONE set to the bed's zone with room.
+func runbookSnippets(t *testing.T) map[string]map[string]any {
+	b, err := os.ReadFile(filepath.Join("..", "docs", "runbooks.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	re := regexp.MustCompile("(?s)<!-- schedlab: ([a-z ]+) -->\\s*```yaml\\n(.*?)```")
+	out := map[string]map[string]any{}
+	for _, m := range re.FindAllSubmatch(b, -1) {
+		var v map[string]any
+		y := bytes.ReplaceAll(m[2], []byte("ZONE"), []byte(roomyZone))
+		if err := yaml.Unmarshal(y, &v); err != nil {
+			t.Fatalf("docs/runbooks.md block %q: %v", m[1], err)
+		}
+		out[string(m[1])] = v
+	}
+	for _, name := range []string{"every pod template", "pod templates without GPUs"} {
+		if out[name] == nil {
+			t.Fatalf("docs/runbooks.md has no YAML block marked <!-- schedlab: %s -->", name)
+		}
+	}
+	return out
+}
+
+func deepCopyMap(m map[string]any) map[string]any {
+	b, _ := json.Marshal(m)
+	var out map[string]any
+	_ = json.Unmarshal(b, &out)
+	return out
+}
+
+// installPolicy creates the admission policy and its binding as the chart
+// renders them (admissionregistration.k8s.io/v1) and waits until the
+// apiserver applies it; then checks that it leaves alone a pod of no
+// training job and a batch Job pod without a completion index.
+func installPolicy(ctx context.Context, t *testing.T, lab *schedlab.Lab) {
+	t.Helper()
+	dyn, err := dynamic.NewForConfig(lab.API.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const group = "admissionregistration.k8s.io"
+	policy, binding := AdmissionPolicy(topology.DefaultRules(), group+"/v1",
+		map[string]any{"matchLabels": map[string]any{AdmissionNamespaceLabel: "true"}})
+	for _, o := range []struct {
+		res string
+		obj map[string]any
+	}{{"mutatingadmissionpolicies", policy}, {"mutatingadmissionpolicybindings", binding}} {
+		gvr := schema.GroupVersionResource{Group: group, Version: "v1", Resource: o.res}
+		if _, err := dyn.Resource(gvr).Create(ctx, &unstructured.Unstructured{Object: deepCopyMap(o.obj)}, metav1.CreateOptions{}); err != nil {
+			t.Fatalf("creating the %s: %v", o.res, err)
+		}
+	}
+	const ns = "policy-probe"
+	if err := lab.EnsureNamespace(ctx, ns, map[string]string{AdmissionNamespaceLabel: "true"}); err != nil {
+		t.Fatal(err)
+	}
+	pod := func(name string, lbl map[string]string) *corev1.Pod {
+		return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: lbl},
+			Spec: corev1.PodSpec{NodeSelector: map[string]string{schedlab.LabelCell: "none"},
+				Containers: []corev1.Container{{Name: "c", Image: "registry.example.com/x:1"}}}}
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for i := 0; ; i++ {
+		p, err := lab.Client.CoreV1().Pods(ns).Create(ctx, pod(fmt.Sprintf("probe-%d", i), map[string]string{"training.kubeflow.org/job-name": "probe"}), metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if a := p.Spec.Affinity; a != nil && a.PodAffinity != nil && len(a.PodAffinity.PreferredDuringSchedulingIgnoredDuringExecution) == 1 {
+			// A CPU-only pod: it also tolerates the GPU taint and prefers GPU nodes.
+			term := a.PodAffinity.PreferredDuringSchedulingIgnoredDuringExecution[0]
+			if term.Weight != 100 || term.PodAffinityTerm.TopologyKey != "topology.kubernetes.io/zone" ||
+				term.PodAffinityTerm.LabelSelector.MatchLabels["training.kubeflow.org/job-name"] != "probe" ||
+				len(p.Spec.Tolerations) == 0 || a.NodeAffinity == nil {
+				t.Fatalf("the policy made %+v, tolerations %+v", a, p.Spec.Tolerations)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the admission policy is not applied after 30s: %+v", p.Spec)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	for _, c := range []struct {
+		name string
+		lbl  map[string]string
+	}{{"plain", map[string]string{"app": "web"}}, {"queue-job", map[string]string{"batch.kubernetes.io/job-name": "queue"}}} {
+		p, err := lab.Client.CoreV1().Pods(ns).Create(ctx, pod(c.name, c.lbl), metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		gpuTol := false
+		for _, tl := range p.Spec.Tolerations {
+			gpuTol = gpuTol || tl.Key == GPUTaintKey
+		}
+		if p.Spec.Affinity != nil || gpuTol {
+			t.Errorf("the policy changed pod %s of no training job: %+v %+v", c.name, p.Spec.Affinity, p.Spec.Tolerations)
+		}
+	}
+}
