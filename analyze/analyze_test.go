@@ -2,6 +2,7 @@ package analyze
 
 import (
 	"bytes"
+	"encoding/json"
 	"flag"
 	"os"
 	"path/filepath"
@@ -347,5 +348,45 @@ func TestTextWorstFirst(t *testing.T) {
 			t.Errorf("%s is not after the worse jobs:\n%s", name, out)
 		}
 		last = i
+	}
+}
+
+// TestFinishedLauncher: an MPIJob whose launcher completed while its
+// workers run (mpi-operator's default CleanPodPolicy is None) has no
+// coordinator in the launcher's zone: finished pods count toward no zone,
+// role or split, and take no room.
+func TestFinishedLauncher(t *testing.T) {
+	b, err := os.ReadFile(td("mpijob", "pods.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var list map[string]any
+	if err := json.Unmarshal(b, &list); err != nil {
+		t.Fatal(err)
+	}
+	for _, it := range list["items"].([]any) {
+		p := it.(map[string]any)
+		if p["metadata"].(map[string]any)["name"] == "pi-launcher-tntsp" {
+			p["status"].(map[string]any)["phase"] = "Succeeded"
+		}
+	}
+	b, _ = json.Marshal(list)
+	path := filepath.Join(t.TempDir(), "pods.json")
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := Run(Input{Nodes: td("nodes.json"), Pods: path})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Jobs) != 1 {
+		t.Fatalf("jobs %+v, want hpc/pi", rep.Jobs)
+	}
+	// The index counts the live pods only: with no live launcher, worker 0
+	// is the rank-0 guess (topology); what matters here is that the
+	// launcher's zone holds nothing.
+	j := rep.Jobs[0]
+	if j.SplitZone || j.Verdict != VerdictHealthy || len(j.Zones) != 1 || j.Zones["us-east-1a"].Worker+j.Zones["us-east-1a"].Coordinator != 2 || j.SuggestedFix != "" {
+		t.Errorf("with the launcher finished in us-east-1b: %+v, want two pods in us-east-1a, healthy", j)
 	}
 }
