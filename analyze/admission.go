@@ -54,11 +54,11 @@ func AdmissionPolicy(rules []topology.Rule, apiVersion string, namespaceSelector
 				celString(r.NameLabel), celString(topology.LabelCompletionIndex), celString(topology.LabelCompletionIndex)))
 		}
 	}
-	filter := "k in object.metadata.labels && object.metadata.labels[k] != \"\""
+	filter := "has(object.metadata.labels) && k in object.metadata.labels && object.metadata.labels[k] != \"\""
 	for _, c := range indexed {
 		filter += " && " + c
 	}
-	jobKeys := fmt.Sprintf("has(object.metadata.labels) ? [%s].filter(k, %s) : []", strings.Join(keys, ", "), filter)
+	jobKeys := fmt.Sprintf("[%s].filter(k, %s)", strings.Join(keys, ", "), filter)
 
 	// The selector: the job's name label, with the group label of rules
 	// that split an object into jobs (a LeaderWorkerSet group).
