@@ -5,9 +5,13 @@ import (
 	"fmt"
 	"net"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/alecthomas/kingpin/v2"
+	observerpb "github.com/cilium/cilium/api/v1/observer"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/zonewatch/zonewatch/collector/probe"
 	"github.com/zonewatch/zonewatch/topology"
@@ -80,8 +84,29 @@ func (p *probePart) start(ctx context.Context, w *wiring, in *inputs) error {
 			return ""
 		},
 		PerZone: *p.perZone, Count: *p.count, Interval: *p.interval, Timeout: *p.timeout,
+		Drops: policyDrops(ctx, in.hubble.Address, w),
 	}, peers, probe.NewMetrics(w.self), w.logger)
 	go prober.Run(ctx)
 	w.logger.Info("probing peer exporters", "address", l.Addr().String(), "selector", *p.selector, "peers_per_zone", *p.perZone, "interval", *p.interval)
 	return nil
+}
+
+// policyDrops asks the node's Hubble socket, the one the hubble part
+// follows, whether a probe that timed out was dropped by a policy (the
+// socket alone cannot tell). Nil without a local socket: through Relay the
+// exporter does not probe.
+func policyDrops(ctx context.Context, address string, w *wiring) probe.PolicyDrops {
+	if !strings.HasPrefix(address, "unix://") {
+		return nil
+	}
+	conn, err := grpc.NewClient(address, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		w.logger.Warn("probe failures will not tell policy drops from timeouts", "address", address, "err", err)
+		return nil
+	}
+	go func() {
+		<-ctx.Done()
+		_ = conn.Close()
+	}()
+	return probe.HubbleDrops{Client: observerpb.NewObserverClient(conn)}
 }

@@ -58,7 +58,8 @@ func (pp *PodPeers) Peers() []Peer {
 		if !ok || p.Status.Phase != corev1.PodRunning || p.DeletionTimestamp != nil || p.Status.PodIP == "" || p.Spec.NodeName == "" {
 			continue
 		}
-		out = append(out, Peer{Node: p.Spec.NodeName, Zone: pp.zoneOf(p.Spec.NodeName), Addr: net.JoinHostPort(p.Status.PodIP, strconv.Itoa(pp.port))})
+		out = append(out, Peer{Node: p.Spec.NodeName, Zone: pp.zoneOf(p.Spec.NodeName), Addr: net.JoinHostPort(p.Status.PodIP, strconv.Itoa(pp.port)),
+			Pod: p.Namespace + "/" + p.Name})
 	}
 	return out
 }

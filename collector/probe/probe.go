@@ -35,6 +35,9 @@ type Peer struct {
 	Node, Zone string
 	// Addr is host:port on the pod network.
 	Addr string
+	// Pod is the peer's pod, namespace/name ("" when not known): whom
+	// PolicyDrops asks about.
+	Pod string
 }
 
 // Peers lists the exporters to probe (the index of exporter pods).
@@ -54,6 +57,9 @@ type Config struct {
 	Count    int
 	Interval time.Duration
 	Timeout  time.Duration
+	// Drops, when set, is asked about every probe that timed out: one
+	// whose packets a network policy dropped counts as policy_denied.
+	Drops PolicyDrops
 }
 
 // Metrics are the prober's series.
@@ -78,7 +84,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"src_zone", "dst_zone"}),
 		Failures: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "zonewatch_probe_failures_total",
-			Help: "Probes of peer exporters that failed, by the peer's zone and why (refused, timeout, reset, other).",
+			Help: "Probes of peer exporters that failed, by the peer's zone and why (refused, timeout, reset, policy_denied: dropped by a network policy, as the node's Hubble saw it; other).",
 		}, []string{"dst_zone", "reason"}),
 		Sent: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "zonewatch_probe_sent_bytes_total",
@@ -133,6 +139,9 @@ type Prober struct {
 	// cursor is each zone's rotation offset: successive rounds probe the
 	// next PerZone peers of the zone, so every peer is probed in turn.
 	cursor map[string]int
+	// denied holds the zones whose probes were last seen dropped by a
+	// policy, so that it is logged when it starts, not every round.
+	denied map[string]bool
 }
 
 // NewProber returns a prober of peers.
@@ -144,7 +153,7 @@ func NewProber(cfg Config, peers Peers, m *Metrics, logger *slog.Logger) *Prober
 		cfg.Count = 1
 	}
 	d := net.Dialer{}
-	return &Prober{cfg: cfg, peers: peers, m: m, logger: logger, cursor: map[string]int{},
+	return &Prober{cfg: cfg, peers: peers, m: m, logger: logger, cursor: map[string]int{}, denied: map[string]bool{},
 		dial: func(ctx context.Context, addr string) (net.Conn, error) { return d.DialContext(ctx, "tcp", addr) }}
 }
 
@@ -219,10 +228,25 @@ func (p *Prober) Round(ctx context.Context) {
 		for _, r := range reasons {
 			p.m.Failures.WithLabelValues(peer.Zone, r)
 		}
-		if err := p.probe(ctx, src, peer); err != nil {
-			p.m.Failures.WithLabelValues(peer.Zone, reason(err)).Inc()
-			p.logger.Debug("probe failed", "peer", peer.Addr, "node", peer.Node, "zone", peer.Zone, "err", err)
+		start := time.Now()
+		err := p.probe(ctx, src, peer)
+		if err == nil {
+			p.noteDenied(peer, "", false)
+			continue
 		}
+		why := reason(err)
+		if why == reasonTimeout && p.cfg.Drops != nil && ctx.Err() == nil {
+			policy, dropped, derr := p.cfg.Drops.Dropped(ctx, peer, start)
+			if derr != nil {
+				p.logger.Debug("asking hubble whether a policy dropped the probe", "peer", peer.Addr, "err", derr)
+			}
+			if dropped {
+				why = reasonDenied
+			}
+			p.noteDenied(peer, policy, dropped)
+		}
+		p.m.Failures.WithLabelValues(peer.Zone, why).Inc()
+		p.logger.Debug("probe failed", "peer", peer.Addr, "node", peer.Node, "zone", peer.Zone, "reason", why, "err", err)
 	}
 }
 
@@ -258,8 +282,29 @@ func (p *Prober) probe(ctx context.Context, src string, peer Peer) error {
 	return nil
 }
 
-// reasons are the failure reasons, the values of the reason label.
-var reasons = []string{"refused", "timeout", "reset", "other"}
+// noteDenied logs when probes toward a zone start being dropped by a
+// policy, once, with what to change, and when they stop.
+func (p *Prober) noteDenied(peer Peer, policy string, dropped bool) {
+	p.mu.Lock()
+	was := p.denied[peer.Zone]
+	p.denied[peer.Zone] = dropped
+	p.mu.Unlock()
+	switch {
+	case dropped && !was:
+		p.logger.Warn("probes to a zone are denied by policy, not timing out: zonewatch's own traffic needs an exemption from the zone fence (Helm: ciliumNetworkPolicy.enabled; a deny rule must exclude zonewatch's pods: docs/runbooks.md)",
+			"dst_zone", peer.Zone, "peer", peer.Pod, "policy", policy)
+	case !dropped && was:
+		p.logger.Info("probes to a zone are no longer denied by policy", "dst_zone", peer.Zone)
+	}
+}
+
+// The failure reasons, the values of the reason label.
+const (
+	reasonTimeout = "timeout"
+	reasonDenied  = "policy_denied"
+)
+
+var reasons = []string{"refused", reasonTimeout, "reset", reasonDenied, "other"}
 
 // reason is a failure's label value.
 func reason(err error) string {
@@ -268,7 +313,7 @@ func reason(err error) string {
 	case errors.Is(err, syscall.ECONNREFUSED):
 		return "refused"
 	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, os.ErrDeadlineExceeded), errors.As(err, &ne) && ne.Timeout():
-		return "timeout"
+		return reasonTimeout
 	case errors.Is(err, syscall.ECONNRESET), errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, syscall.EPIPE):
 		return "reset"
 	}
