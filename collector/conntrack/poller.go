@@ -170,15 +170,15 @@ type pollStats struct {
 	// on / off: evidence that accounting is on now (a counter grew, a
 	// young entry counted its first packet) or off (a young entry without
 	// the counts its creation would have set).
-	on, off   int
-	touched   int // entries whose lifetime moved while their counter did not (combined)
-	resets    int
-	deleted   int
-	missed    uint64 // estimate of what the deleted entries moved unread
-	undecided bool   // a map with entries has no layout yet
-	ambiguous bool
-	local     int // per-endpoint (ConntrackLocal) maps read
-	localN    int // their entries
+	on, off    int
+	touched    int // entries whose lifetime moved while their counter did not (combined)
+	resets     int
+	deleted    int
+	activeGone int  // of the deleted, those that had grown in the read before
+	undecided  bool // a map with entries has no layout yet
+	ambiguous  bool
+	local      int // per-endpoint (ConntrackLocal) maps read
+	localN     int // their entries
 }
 
 // Poller reads the conntrack maps every interval and keeps the per-job byte
@@ -234,7 +234,7 @@ type selfMetrics struct {
 	entries       *prometheus.GaugeVec
 	maxEntries    *prometheus.GaugeVec
 	deleted       prometheus.Counter
-	missed        prometheus.Counter
+	activeGone    prometheus.Counter
 	resets        prometheus.Counter
 	unattributed  *prometheus.CounterVec
 	duration      prometheus.Gauge
@@ -263,8 +263,8 @@ func newSelfMetrics() selfMetrics {
 			Help: "Size of each Cilium conntrack map (it follows node memory with bpf-map-dynamic-size-ratio); a full LRU map evicts entries, and their last bytes are not counted."}, []string{"map"}),
 		deleted: prometheus.NewCounter(prometheus.CounterOpts{Name: "zonewatch_conntrack_deleted_entries_total",
 			Help: "Conntrack entries that disappeared between two polls; bytes they moved after the earlier poll were not counted."}),
-		missed: prometheus.NewCounter(prometheus.CounterOpts{Name: "zonewatch_conntrack_estimated_missed_bytes_total",
-			Help: "An estimate, not a measurement: bytes the conntrack entries that disappeared between two polls may have moved after the earlier one, uncounted (each one's growth in the poll before, i.e. the same rate for one more interval)."}),
+		activeGone: prometheus.NewCounter(prometheus.CounterOpts{Name: "zonewatch_conntrack_deleted_active_entries_total",
+			Help: "Of the deleted entries, those whose counter had grown in the poll before they went: bytes they moved after it may be uncounted. The maps are read at once when a local job pod goes; these are mostly entries deleted without warning (a pod killed before its informer event, LRU eviction, a short connection collected between polls)."}),
 		resets: prometheus.NewCounter(prometheus.CounterOpts{Name: "zonewatch_conntrack_entry_resets_total",
 			Help: "Conntrack entries whose byte counter went down between polls (entry recreated); their whole new counter was counted."}),
 		unattributed: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "zonewatch_conntrack_unattributed_bytes_total",
@@ -286,7 +286,7 @@ func newSelfMetrics() selfMetrics {
 }
 
 func (m selfMetrics) collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.errors, m.entries, m.maxEntries, m.deleted, m.missed, m.resets, m.unattributed, m.duration, m.layout, m.layoutChanges}
+	return []prometheus.Collector{m.errors, m.entries, m.maxEntries, m.deleted, m.activeGone, m.resets, m.unattributed, m.duration, m.layout, m.layoutChanges}
 }
 
 // New returns a poller over src. It registers its own metrics on cfg.Self.
@@ -563,7 +563,7 @@ func (p *Poller) Poll(now time.Time) {
 	p.forgetGone(names)
 	p.reportLocal(st)
 	p.m.deleted.Add(float64(st.deleted))
-	p.m.missed.Add(float64(st.missed))
+	p.m.activeGone.Add(float64(st.activeGone))
 	p.m.resets.Add(float64(st.resets))
 
 	// Accounting is decided from what changed: a counter that grew, or a
@@ -773,9 +773,9 @@ func (p *Poller) read(name string, t Table, now time.Time, st *pollStats) error 
 	if err != nil {
 		return fmt.Errorf("%w: %w", errRead, err)
 	}
-	deleted, missed := ts.complete(epoch, now)
+	deleted, active := ts.complete(epoch, now)
 	st.deleted += deleted
-	st.missed += missed
+	st.activeGone += active
 	if LocalMap(name) {
 		st.local++
 		st.localN += n

@@ -25,41 +25,26 @@ type slot struct {
 	// tag packs, so that a slot stays 16 bytes: bit 0 young (first seen
 	// after the map's first read, so created while the exporter watched;
 	// what its counters hold tells whether accounting was on when Cilium
-	// created it); bits 1-8 the epoch of the last read that saw it (mod
-	// 256: complete drops every slot not seen in the read it ends, so
-	// only 255 failed reads in a row could alias); bits 9-31 what it grew
-	// by in that read, in lastUnit units rounded up (saturating), for the
-	// estimate of what it moved after that read if it goes.
+	// created it); bit 1 active (it grew in the last read that saw it, so
+	// if it goes before the next one, bytes it moved since may be
+	// uncounted); bits 2-31 the epoch of that read.
 	tag uint32
 }
 
-const (
-	epochBits = 8
-	epochMask = 1<<epochBits - 1
-	lastShift = 1 + epochBits
-	lastMax   = 1<<(32-lastShift) - 1
-	// lastUnit: 4 KiB steps up to 32 GiB a poll.
-	lastUnit = 4096
-)
-
-func mkSlot(bytes uint64, life, epoch uint32, young bool, grew uint64) slot {
-	t := (epoch & epochMask) << 1
+func mkSlot(bytes uint64, life, epoch uint32, young, active bool) slot {
+	t := epoch << 2
 	if young {
 		t |= 1
 	}
-	if grew > 0 {
-		q := min((grew+lastUnit-1)/lastUnit, lastMax)
-		t |= uint32(q) << lastShift
+	if active {
+		t |= 2
 	}
 	return slot{bytes: bytes, life: life, tag: t}
 }
 
 func (s slot) young() bool        { return s.tag&1 != 0 }
-func (s slot) isAt(e uint32) bool { return (s.tag>>1)&epochMask == e&epochMask }
-
-// grew is what the entry grew by in the last read that saw it (rounded
-// up to lastUnit).
-func (s slot) grew() uint64 { return uint64(s.tag>>lastShift) * lastUnit }
+func (s slot) active() bool       { return s.tag&2 != 0 }
+func (s slot) isAt(e uint32) bool { return s.tag>>2 == e&(1<<30-1) }
 
 // tableState is what the poller keeps of one map between polls: the last
 // byte counter of every entry, to turn counters into deltas, and the
@@ -120,40 +105,41 @@ func (b *tableState) observe(key []byte, bytes uint64, life, epoch uint32, hold 
 			o = obsGrown
 		}
 		young := old.young() || o == obsReset
-		b.m[k] = mkSlot(old.bytes, life, epoch, young, 0)
+		b.m[k] = mkSlot(old.bytes, life, epoch, young, false)
 		return 0, o, young
 	}
 	switch {
 	case !ok && !b.seeded:
-		b.m[k] = mkSlot(bytes, life, epoch, false, 0)
+		b.m[k] = mkSlot(bytes, life, epoch, false, false)
 		return 0, obsBaseline, false
 	case !ok:
-		b.m[k] = mkSlot(bytes, life, epoch, true, bytes)
+		b.m[k] = mkSlot(bytes, life, epoch, true, bytes > 0)
 		return bytes, obsFresh, true
 	case bytes < old.bytes:
-		b.m[k] = mkSlot(bytes, life, epoch, true, bytes)
+		b.m[k] = mkSlot(bytes, life, epoch, true, bytes > 0)
 		return bytes, obsReset, true
 	case bytes == old.bytes:
-		b.m[k] = mkSlot(bytes, life, epoch, old.young(), 0)
+		b.m[k] = mkSlot(bytes, life, epoch, old.young(), false)
 		return 0, same, old.young()
 	}
-	b.m[k] = mkSlot(bytes, life, epoch, old.young(), bytes-old.bytes)
+	b.m[k] = mkSlot(bytes, life, epoch, old.young(), true)
 	return bytes - old.bytes, obsGrown, old.young()
 }
 
-// complete ends a full read: entries not seen in it are gone. missed is
-// an estimate of what they moved after the read before, which nobody
-// counted: each one's growth in that read (the same rate for at most one
-// more interval; zero for entries that had stopped growing).
-func (b *tableState) complete(epoch uint32, now time.Time) (deleted int, missed uint64) {
+// complete ends a full read: entries not seen in it are gone; active
+// counts those that had grown in the read before, whose bytes since may
+// be uncounted.
+func (b *tableState) complete(epoch uint32, now time.Time) (deleted, active int) {
 	for k, s := range b.m {
 		if !s.isAt(epoch) {
 			delete(b.m, k)
 			deleted++
-			missed += s.grew()
+			if s.active() {
+				active++
+			}
 		}
 	}
 	b.seeded = true
 	b.last = now
-	return deleted, missed
+	return deleted, active
 }
