@@ -170,8 +170,8 @@ func CanStartAs(t testing.TB) {
 
 // StartAs is Start for a process with the container identity sc: bin runs
 // under setpriv, as the chart's pod would run it. Files it must read that
-// the test wrote (a kubeconfig, a socket's folder) must be reachable by
-// sc.UID (Identity.Kubeconfig is; see Reachable).
+// the test wrote (a kubeconfig, a socket) must be reachable by sc.UID
+// (Identity.Kubeconfig is; see Reachable).
 //
 // For other harnesses (internal/ciliumlab): StartAs(t, dir, "exporter",
 // ChartSecurityContext(t), bin, args...) runs the exporter as the chart's
@@ -183,17 +183,12 @@ func StartAs(t testing.TB, dir, name string, sc SecurityContext, bin string, arg
 	return Start(t, dir, name, a[0], a[1:]...)
 }
 
-// Reachable lets sc.UID reach path: each folder above it gets o+x (search,
-// not list) and path itself is given to sc.UID:sc.GID. For a process run
-// as nobody that reads what the test made in its temp folder.
-func (s SecurityContext) Reachable(t testing.TB, path string) {
+// Reachable lets any UID reach path (a socket, a kubeconfig) the test
+// made under its temp folder: each folder above it gets o+x (search, not
+// list). Whether that UID may then open path is path's own mode and owner,
+// as on a host.
+func Reachable(t testing.TB, path string) {
 	t.Helper()
-	if s.UID == 0 {
-		return // root (without CAP_DAC_OVERRIDE) owns what the test made
-	}
-	if err := os.Chown(path, s.UID, s.GID); err != nil {
-		t.Fatal(err)
-	}
 	for d := filepath.Dir(path); d != "/" && d != "."; d = filepath.Dir(d) {
 		fi, err := os.Stat(d)
 		if err != nil {
