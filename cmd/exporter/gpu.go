@@ -119,7 +119,7 @@ func startDiscovery(ctx context.Context, client kubernetes.Interface, w *wiring,
 			}
 		case <-time.After(time.Minute):
 			// RBAC missing, API slow: the watch keeps trying.
-			w.logger.Warn("gpu discovery: this node's pods, node object or ResourceSlices not listed after a minute; check the RBAC (pods, nodes, resource.k8s.io resourceslices: get, list, watch)")
+			w.logger.Warn("gpu discovery: this node's pods, node object or ResourceSlices not listed after a minute; check the RBAC (pods, nodes, resource.k8s.io resourceslices: list, watch)")
 		}
 	}()
 	return d, nil

@@ -537,5 +537,5 @@ func (s *discoveredSource) Read(ctx context.Context) ([]Sample, error) {
 }
 
 // ReadResources are the API resources discovery lists and watches besides
-// pods and nodes (the chart's ClusterRole grants get, list, watch on them).
+// pods and nodes (the chart's ClusterRole grants list and watch on them).
 var ReadResources = []schema.GroupVersionResource{resourcev1.SchemeGroupVersion.WithResource("resourceslices")}

@@ -89,7 +89,7 @@ func ResourceName(gr schema.GroupResource) string {
 }
 
 // Rule is the ClusterRole rule an informer of gr needs, in the chart
-// template's own notation.
+// template's own notation: list and watch (an informer never gets).
 func Rule(gr schema.GroupResource) string {
-	return fmt.Sprintf(`{apiGroups: [%q], resources: [%q], verbs: ["get", "list", "watch"]}`, gr.Group, gr.Resource)
+	return fmt.Sprintf(`{apiGroups: [%q], resources: [%q], verbs: ["list", "watch"]}`, gr.Group, gr.Resource)
 }
