@@ -101,6 +101,13 @@ kube_components() {
 # agent, the CNI plugin and hubble-relay. The agent's BPF sources come from
 # the same module (lib/bpf beside the binaries). clang-19/llvm-19 from apt,
 # linked as clang and llc (the names the agent runs).
+# The lab installs Cilium's CRDs (the operator's job on a cluster) from the
+# same module: crds/ beside the binaries.
+cilium_crds() { # module-dir dest
+  rm -rf "$2/crds.tmp"; mkdir -p "$2/crds.tmp"
+  cp "$1"/pkg/k8s/apis/cilium.io/client/crds/v2/*.yaml "$1"/pkg/k8s/apis/cilium.io/client/crds/v2alpha1/*.yaml "$2/crds.tmp/"
+  chmod -R u+w "$2/crds.tmp"; mv "$2/crds.tmp" "$2/crds"
+}
 cilium() {
   local v=$CILIUM_VERSION
   local dir=$tools/cilium-$v
@@ -110,7 +117,13 @@ cilium() {
     apt-get update -qq >&2
     apt-get install -y -qq --no-install-recommends "clang-19=$LLVM_APT_VERSION" "llvm-19=$LLVM_APT_VERSION" iptables >&2
   fi
-  if [ -x "$dir/cilium-agent" ] && [ -x "$dir/cilium-cni" ] && [ -x "$dir/hubble-relay" ] && [ -d "$dir/lib/bpf" ]; then return; fi
+  if [ -x "$dir/cilium-agent" ] && [ -x "$dir/cilium-cni" ] && [ -x "$dir/hubble-relay" ] && [ -d "$dir/lib/bpf" ]; then
+    # A folder built before the CRDs were copied gets them without a rebuild.
+    if [ ! -d "$dir/crds" ]; then
+      cilium_crds "$(go mod download -json "github.com/cilium/cilium@$v" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')" "$dir"
+    fi
+    return
+  fi
   log "building cilium-agent, cilium-cni, hubble-relay $v (cold: about 8 minutes, 3 GB)"
   local w=$tools/cilium-build m=github.com/cilium/cilium
   rm -rf "$w" "$dir.tmp"; mkdir -p "$w" "$dir.tmp"
@@ -131,6 +144,7 @@ cilium() {
   local src
   src=$(cd "$w" && go list -m -f '{{.Dir}}' "$m")
   mkdir -p "$dir.tmp/lib"; cp -r "$src/bpf" "$dir.tmp/lib/bpf"; chmod -R u+w "$dir.tmp/lib"
+  cilium_crds "$src" "$dir.tmp"
   mkdir -p "$dir.tmp/llvm"; ln -sf "$(command -v clang-19)" "$dir.tmp/llvm/clang"; ln -sf "$(command -v llc-19)" "$dir.tmp/llvm/llc"
   rm -rf "$dir"; mv "$dir.tmp" "$dir"
   rm -rf "$w"
