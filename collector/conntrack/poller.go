@@ -221,8 +221,9 @@ type Poller struct {
 	watched  map[podRef]bool
 	// recent remembers where job pods were (see lookup); now is the time
 	// of the poll in progress.
-	recent map[netip.Addr]recentPod
-	now    time.Time
+	recent      map[netip.Addr]recentPod
+	recentSwept time.Time
+	now         time.Time
 
 	m selfMetrics
 }
@@ -945,33 +946,53 @@ func (p *Poller) openerIsPod(a netip.Addr) bool {
 // lookup places an address through the index, or as the job pod it was
 // until recently: a pod that finished or was deleted leaves the index at
 // once, while the final reads of its entries (see Run) are still to be
-// attributed to its job. A job pod's place is remembered for goingWindow
-// after the last poll that found it.
+// attributed to its job. A job pod's place is remembered from its first
+// lookup; once the index no longer knows it, for goingWindow.
 func (p *Poller) lookup(a netip.Addr) topology.Endpoint {
 	e, _ := p.idx.LookupIP(a)
-	if e.Pod != "" {
-		if r, ok := p.recent[a]; !ok || r.epoch != p.epoch || r.ep != e {
-			p.recent[a] = recentPod{e, p.epoch, p.now}
+	r, ok := p.recent[a]
+	switch {
+	case e.Pod != "":
+		if !ok || r.ep != e || !r.gone.IsZero() {
+			p.recent[a] = recentPod{ep: e}
 		}
 		return e
+	case !ok:
+		return e
+	case r.gone.IsZero():
+		r.gone = p.now
+		p.recent[a] = r
 	}
-	if r, ok := p.recent[a]; ok && p.now.Sub(r.seen) <= goingWindow {
+	if p.now.Sub(r.gone) <= goingWindow {
 		return r.ep
 	}
+	delete(p.recent, a)
 	return e
 }
 
-// recentPod is a job pod's place as a poll found it.
+// recentPod is a job pod's place as the index last told it, and when
+// the index was first found without it.
 type recentPod struct {
-	ep    topology.Endpoint
-	epoch uint32
-	seen  time.Time
+	ep   topology.Endpoint
+	gone time.Time
 }
 
-// forgetRecent drops the pods not found for goingWindow.
+// forgetRecent drops, every goingWindow, the places of pods gone from
+// the index for that long (their addresses may not be looked up again).
 func (p *Poller) forgetRecent() {
+	if p.now.Sub(p.recentSwept) < goingWindow {
+		return
+	}
+	p.recentSwept = p.now
 	for a, r := range p.recent {
-		if p.now.Sub(r.seen) > goingWindow {
+		if r.gone.IsZero() {
+			if e, _ := p.idx.LookupIP(a); e.Pod == "" {
+				r.gone = p.now
+				p.recent[a] = r
+			}
+			continue
+		}
+		if p.now.Sub(r.gone) > goingWindow {
 			delete(p.recent, a)
 		}
 	}
