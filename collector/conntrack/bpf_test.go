@@ -176,6 +176,18 @@ func TestRealBPFMaps(t *testing.T) {
 	if n := selfValue(t, reg, "zonewatch_conntrack_deleted_entries_total"); n != 1 {
 		t.Fatalf("deleted %v, want 1", n)
 	}
+	// It had grown in the poll before: what it moved since may be lost.
+	if n := selfValue(t, reg, "zonewatch_conntrack_deleted_active_entries_total"); n != 1 {
+		t.Fatalf("deleted while active %v, want 1", n)
+	}
+	// One that stopped growing before it went lost nothing.
+	if err := tcp4.Delete(conntrack.AppendKey(nil, tcp(worker0, master, 40001, 0).t)); err != nil {
+		t.Fatal(err)
+	}
+	p.Poll(t0.Add(30 * time.Second))
+	if n := selfValue(t, reg, "zonewatch_conntrack_deleted_active_entries_total"); n != 1 {
+		t.Fatalf("deleted while active %v, want still 1", n)
+	}
 }
 
 // TestRealBPFMapsBadLayouts: a map with an unknown value size or of the
