@@ -89,6 +89,7 @@ func (o outcome) String() string {
 // where the pods landed. The fix and the runbook must give one zone and no
 // Pending pod every time; the policy must leave no pod Pending.
 func TestFixOnRealScheduler(t *testing.T) {
+	snippets := runbookSnippets(t)
 	lab := schedlab.Start(t)
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), 9*time.Minute)
@@ -101,7 +102,6 @@ func TestFixOnRealScheduler(t *testing.T) {
 		}
 		reps = n
 	}
-	snippets := runbookSnippets(t)
 	installPolicy(ctx, t, lab)
 
 	type key struct{ shape, order string }
@@ -473,7 +473,7 @@ func runbookSnippets(t *testing.T) map[string]map[string]any {
 	if err != nil {
 		t.Fatal(err)
 	}
-	re := regexp.MustCompile("(?s)<!-- schedlab: ([a-z ]+) -->\\s*```yaml\\n(.*?)```")
+	re := regexp.MustCompile("(?s)<!-- schedlab: ([A-Za-z ]+) -->\\s*```yaml\\n(.*?)```")
 	out := map[string]map[string]any{}
 	for _, m := range re.FindAllSubmatch(b, -1) {
 		var v map[string]any
