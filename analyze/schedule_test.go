@@ -256,6 +256,9 @@ func runCell(ctx context.Context, lab *schedlab.Lab, cell string, shape *schedla
 		}
 		o.zones = len(zones)
 		out[cond] = o
+		if os.Getenv("ZONEWATCH_SCHEDLAB_DEBUG") != "" {
+			fmt.Fprintf(os.Stderr, "%s %s %s %s: %v\n", cell, shape.Name, order, cond, p)
+		}
 		pods, err := lab.Pods(ns)
 		if err != nil {
 			return out, err
