@@ -125,3 +125,41 @@ func TestMissedBytesByInterval(t *testing.T) {
 	}
 	t.Log(tbl.String())
 }
+
+// TestScheduleReadsWhenPodsGo: Run's schedule polls every interval, at
+// once when a pod went, then every fastInterval (or five times a slow
+// poll) for goingWindow.
+func TestScheduleReadsWhenPodsGo(t *testing.T) {
+	t0 := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
+	s := schedule{interval: 10 * time.Second}
+	var polls []time.Duration
+	run := func(from, to time.Duration, wentAt time.Duration, took time.Duration) {
+		for at := from; at < to; at += watchEvery {
+			if s.due(t0.Add(at), at == wentAt) {
+				polls = append(polls, at)
+				s.polled(t0.Add(at), took)
+			}
+		}
+	}
+	run(0, 25*time.Second, -1, 0)
+	if want := []time.Duration{0, 10 * time.Second, 20 * time.Second}; fmt.Sprint(polls) != fmt.Sprint(want) {
+		t.Fatalf("polls %v, want %v", polls, want)
+	}
+	polls = nil
+	run(25*time.Second, 25*time.Second+goingWindow+20*time.Second, 25*time.Second, 0)
+	// At once, then every second to the end of the window, then every 10 s.
+	fast := int(goingWindow / fastInterval)
+	if len(polls) < fast || polls[0] != 25*time.Second || polls[1] != 26*time.Second {
+		t.Fatalf("polls after a pod went: %v", polls)
+	}
+	if last := polls[len(polls)-1] - polls[len(polls)-2]; last != 10*time.Second {
+		t.Fatalf("back to %v after the window, want 10s: %v", last, polls)
+	}
+	// A slow poll (0.5 s) spaces the fast reads to 2.5 s (rounded up to ticks).
+	s = schedule{interval: 10 * time.Second}
+	polls = nil
+	run(0, 10*time.Second, 0, 500*time.Millisecond)
+	if len(polls) < 2 || polls[1]-polls[0] < 2*time.Second {
+		t.Fatalf("fast reads after slow polls: %v", polls)
+	}
+}
