@@ -88,9 +88,9 @@ func (s *Scenario) ConntrackEntries(node string, elapsed time.Duration) []CTEntr
 		// +1 packet each way for the SYN and SYN-ACK.
 		e.SentPackets, e.SentBytes = segs+1, payload+(segs+1)*ctHeaders
 		e.ReplyPackets, e.ReplyBytes = acks+1, (acks+1)*ctHeaders
-		// The related entry, made with the connection's entry: its
-		// first packet (the SYN) only.
-		rel := CTEntry{Src: e.Src, Dst: e.Dst, Proto: 1, Related: true, SentPackets: 1, SentBytes: ctHeaders}
+		// The related entry, made with the connection's entry (the same
+		// ct_entry, src_sec_id included): its first packet (the SYN) only.
+		rel := CTEntry{Src: e.Src, Dst: e.Dst, Proto: 1, Related: true, SentPackets: 1, SentBytes: ctHeaders, SrcIdentity: e.SrcIdentity}
 		if srcNode != "" && (node == "" || srcNode == node) {
 			e.Node, rel.Node = srcNode, srcNode
 			out = append(out, e, rel)

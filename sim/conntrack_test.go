@@ -235,7 +235,13 @@ func TestConntrackEntriesLikeTheDatapath(t *testing.T) {
 	ids := map[conn][]uint32{}
 	hostOpened := 0
 	for _, e := range s.ConntrackEntries("", 30*time.Second) {
-		if e.Service || e.Related {
+		if e.Service {
+			continue
+		}
+		if e.Related {
+			if e.SrcIdentity == 0 {
+				t.Errorf("%v: a related entry without the connection's src_sec_id", e)
+			}
 			continue
 		}
 		tu, v := e.Encode(conntrack.LayoutCombined)
