@@ -54,10 +54,11 @@ func TestBlockedWithoutGPUTelemetry(t *testing.T) {
 	cfg := testRulesConfig()
 	hook := newWebhook(t)
 	amAddr := startAlertmanager(t, tools, dir, hook.url)
+	exporterKubeconfig := api.ChartIdentity(t, nil).Kubeconfig
 	var exporters []exporter
 	for _, f := range w.nodes {
 		if nodes[f.name] {
-			exporters = append(exporters, startExporterWithoutGPU(t, bin, dir, api.Kubeconfig, f))
+			exporters = append(exporters, startExporterWithoutGPU(t, bin, dir, exporterKubeconfig, f))
 		}
 	}
 	for _, e := range exporters {
@@ -141,7 +142,7 @@ func TestBlockedWithoutGPUTelemetry(t *testing.T) {
 func startExporterWithoutGPU(t *testing.T, bin, dir, kubeconfig string, f *nodeFakes) exporter {
 	t.Helper()
 	addr := "127.0.0.1:" + strconv.Itoa(testenv.FreePort(t))
-	testenv.Start(t, dir, "exporter-"+f.name, bin,
+	testenv.StartAs(t, dir, "exporter-"+f.name, testenv.ChartSecurityContext(t), bin,
 		"--node-name="+f.name,
 		"--kubeconfig="+kubeconfig,
 		"--web.listen-address="+addr,

@@ -114,9 +114,12 @@ func TestEndToEnd(t *testing.T) {
 	ruleFile := testRuleFile(t, cfg)
 	hook := newWebhook(t)
 	amAddr := startAlertmanager(t, tools, dir, hook.url)
+	// The exporters log in as the chart's ServiceAccount, bound to the
+	// chart's ClusterRole (deploy/manifests), under RBAC.
+	exporterKubeconfig := api.ChartIdentity(t, nil).Kubeconfig
 	var exporters []exporter
 	for _, f := range w.nodes {
-		exporters = append(exporters, startExporter(t, bin, dir, api.Kubeconfig, gpuPages.URL, f))
+		exporters = append(exporters, startExporter(t, bin, dir, exporterKubeconfig, gpuPages.URL, f))
 	}
 	for _, e := range exporters {
 		if !waitReady(t, e, 2*time.Minute) {
@@ -392,6 +395,7 @@ func sourcesFailing(t *testing.T, w *world, p *prom, hook *webhook, byNode map[s
 	if err := hub.hubble.Start(hub.hubbleSock); err != nil {
 		t.Fatal(err)
 	}
+	testenv.CiliumSocket(t, hub.hubbleSock)
 	w.node(gpuFailNode).gpuDown.Store(false)
 	restoredAt := time.Now()
 	eventually(t, 2*time.Minute, "health alerts resolve", func() (bool, string) {

@@ -64,11 +64,12 @@ func TestGPUOperatorDefaults(t *testing.T) {
 	}
 	t.Cleanup(kubelet.Close)
 
+	exporterKubeconfig := api.ChartIdentity(t, nil).Kubeconfig
 	start := func(node string, extra ...string) exporter {
 		addr := exporterAddr(t, node)
-		args := append([]string{"--node-name=" + node, "--kubeconfig=" + api.Kubeconfig, "--web.listen-address=" + addr,
+		args := append([]string{"--node-name=" + node, "--kubeconfig=" + exporterKubeconfig, "--web.listen-address=" + addr,
 			"--no-hubble.enabled", "--no-conntrack.enabled", "--no-probe.enabled", "--gpu.interval=2s"}, extra...)
-		testenv.Start(t, dir, "exporter-"+node, bin, args...)
+		testenv.StartAs(t, dir, "exporter-"+node, testenv.ChartSecurityContext(t), bin, args...)
 		return exporter{node: node, addr: addr}
 	}
 	// The kubelet socket is the node's, not a GPU source setting; the CPU

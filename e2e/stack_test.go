@@ -162,11 +162,12 @@ type exporter struct {
 }
 
 // startExporter runs the real exporter binary for one node, pointed at the
-// node's fakes, the apiserver, and the dcgm-exporter page.
+// node's fakes, the apiserver, and the dcgm-exporter page, with the chart's
+// container securityContext (root holding CAP_BPF only, no_new_privs).
 func startExporter(t *testing.T, bin, dir, kubeconfig, gpuPageURL string, f *nodeFakes) exporter {
 	t.Helper()
 	addr := exporterAddr(t, f.name) // its pod's IP (operator_test.go)
-	testenv.Start(t, dir, "exporter-"+f.name, bin, append(probeArgs(t, addr),
+	testenv.StartAs(t, dir, "exporter-"+f.name, testenv.ChartSecurityContext(t), bin, append(probeArgs(t, addr),
 		"--node-name="+f.name,
 		"--kubeconfig="+kubeconfig,
 		"--web.listen-address="+addr,

@@ -27,6 +27,7 @@ import (
 
 	"github.com/zonewatch/zonewatch/collector/conntrack"
 	"github.com/zonewatch/zonewatch/collector/gpu"
+	"github.com/zonewatch/zonewatch/internal/testenv"
 	"github.com/zonewatch/zonewatch/sim"
 )
 
@@ -107,6 +108,7 @@ func newWorld(t *testing.T, dir, bpffs string) *world {
 		if err := f.hubble.Start(f.hubbleSock); err != nil {
 			t.Fatal(err)
 		}
+		testenv.CiliumSocket(t, f.hubbleSock) // 0660, group cilium where it exists
 		t.Cleanup(f.hubble.Stop)
 		if f.podres, err = sim.StartPodResources(w.s, n.Name, f.podresSock); err != nil {
 			t.Fatal(err)
