@@ -198,12 +198,14 @@ func (l *Lab) addNode(ctx context.Context, i int, spec NodeSpec) (*Node, error) 
 	n.api = &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 			var d net.Dialer
-			return d.DialContext(ctx, "unix", n.Path("/var/run/cilium/cilium.sock"))
+			return d.DialContext(ctx, "unix", n.Path("/run/cilium/cilium.sock"))
 		}}}
 	return n, nil
 }
 
 // Path is a path inside the node's mount namespace as the host reaches it.
+// An absolute symbolic link on the way (/var/run -> /run) resolves on the
+// host, not in the node: use /run/cilium, not /var/run/cilium.
 func (n *Node) Path(p string) string {
 	return filepath.Join("/proc", strconv.Itoa(n.holder.Process.Pid), "root", p)
 }
