@@ -1,11 +1,18 @@
 package analyze
 
 import (
+	"context"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
+	"k8s.io/client-go/kubernetes"
+	"sigs.k8s.io/yaml"
+
+	"github.com/zonewatch/zonewatch/internal/testenv"
 	"github.com/zonewatch/zonewatch/topology"
 )
 
@@ -52,4 +59,49 @@ func TestAdmissionPolicyChart(t *testing.T) {
 	if string(got) != want {
 		t.Errorf("%s differs from analyze.AdmissionPolicy (go test ./analyze -run TestAdmissionPolicyChart -update)", chartPolicy)
 	}
+}
+
+// TestAdmissionPolicyChartOnAPIServer renders the chart's policy with helm
+// as a 1.36+ cluster gets it, creates it on the real apiserver (which
+// compiles and type-checks the CEL) and checks what it does to pods; and
+// that a cluster without the v1 API gets v1beta1.
+func TestAdmissionPolicyChartOnAPIServer(t *testing.T) {
+	bin := testenv.ToolsBin(t, "helm", "etcd", "kube-apiserver")
+	render := func(args ...string) []map[string]any {
+		t.Helper()
+		cmd := exec.Command(filepath.Join(bin, "helm"), append([]string{"template", "zw", "../deploy/helm/zonewatch",
+			"--set", "admissionPolicy.enabled=true", "--show-only", "templates/admission-policy.yaml"}, args...)...)
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("helm template: %v\n%s", err, out)
+		}
+		var objs []map[string]any
+		for _, doc := range strings.Split(string(out), "\n---\n") {
+			var m map[string]any
+			if err := yaml.Unmarshal([]byte(doc), &m); err != nil {
+				t.Fatalf("rendered policy: %v\n%s", err, doc)
+			}
+			if m != nil {
+				objs = append(objs, m)
+			}
+		}
+		if len(objs) != 2 {
+			t.Fatalf("rendered %d objects, want the policy and its binding:\n%s", len(objs), out)
+		}
+		return objs
+	}
+	for _, o := range render() {
+		if o["apiVersion"] != "admissionregistration.k8s.io/v1beta1" {
+			t.Errorf("without the v1 API the chart renders %v, want v1beta1", o["apiVersion"])
+		}
+	}
+	objs := render("--api-versions", "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy")
+	api := testenv.StartAPIServer(t)
+	cs, err := kubernetes.NewForConfig(api.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	applyPolicy(ctx, t, api.Config, cs, objs)
 }

@@ -20,6 +20,8 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"sigs.k8s.io/yaml"
 
 	"github.com/zonewatch/zonewatch/internal/schedlab"
@@ -501,30 +503,42 @@ func deepCopyMap(m map[string]any) map[string]any {
 	return out
 }
 
-// installPolicy creates the admission policy and its binding as the chart
-// renders them (admissionregistration.k8s.io/v1) and waits until the
-// apiserver applies it; then checks that it leaves alone a pod of no
-// training job and a batch Job pod without a completion index.
+// installPolicy creates the admission policy and its binding
+// (admissionregistration.k8s.io/v1, as the chart renders them on 1.36+)
+// and checks what it does on the real apiserver.
 func installPolicy(ctx context.Context, t *testing.T, lab *schedlab.Lab) {
 	t.Helper()
-	dyn, err := dynamic.NewForConfig(lab.API.Config)
+	policy, binding := AdmissionPolicy(topology.DefaultRules(), "admissionregistration.k8s.io/v1",
+		map[string]any{"matchLabels": map[string]any{AdmissionNamespaceLabel: "true"}})
+	applyPolicy(ctx, t, lab.API.Config, lab.Client, []map[string]any{policy, binding})
+}
+
+// applyPolicy creates the objects and waits until the apiserver applies
+// the policy to a pod of a training job in an opted-in namespace; then
+// checks that it leaves alone a pod of no training job and a batch Job
+// pod without a completion index.
+func applyPolicy(ctx context.Context, t *testing.T, cfg *rest.Config, cs kubernetes.Interface, objs []map[string]any) {
+	t.Helper()
+	dyn, err := dynamic.NewForConfig(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	const group = "admissionregistration.k8s.io"
-	policy, binding := AdmissionPolicy(topology.DefaultRules(), group+"/v1",
-		map[string]any{"matchLabels": map[string]any{AdmissionNamespaceLabel: "true"}})
-	for _, o := range []struct {
-		res string
-		obj map[string]any
-	}{{"mutatingadmissionpolicies", policy}, {"mutatingadmissionpolicybindings", binding}} {
-		gvr := schema.GroupVersionResource{Group: group, Version: "v1", Resource: o.res}
-		if _, err := dyn.Resource(gvr).Create(ctx, &unstructured.Unstructured{Object: deepCopyMap(o.obj)}, metav1.CreateOptions{}); err != nil {
-			t.Fatalf("creating the %s: %v", o.res, err)
+	for _, obj := range objs {
+		gv, err := schema.ParseGroupVersion(obj["apiVersion"].(string))
+		if err != nil {
+			t.Fatal(err)
+		}
+		gvr := gv.WithResource(strings.ToLower(obj["kind"].(string)) + "s")
+		if strings.HasSuffix(gvr.Resource, "ys") {
+			gvr.Resource = strings.TrimSuffix(gvr.Resource, "ys") + "ies"
+		}
+		if _, err := dyn.Resource(gvr).Create(ctx, &unstructured.Unstructured{Object: deepCopyMap(obj)}, metav1.CreateOptions{}); err != nil {
+			t.Fatalf("creating the %s: %v", gvr.Resource, err)
 		}
 	}
 	const ns = "policy-probe"
-	if err := lab.EnsureNamespace(ctx, ns, map[string]string{AdmissionNamespaceLabel: "true"}); err != nil {
+	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns,
+		Labels: map[string]string{AdmissionNamespaceLabel: "true"}}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	pod := func(name string, lbl map[string]string) *corev1.Pod {
@@ -534,7 +548,7 @@ func installPolicy(ctx context.Context, t *testing.T, lab *schedlab.Lab) {
 	}
 	deadline := time.Now().Add(30 * time.Second)
 	for i := 0; ; i++ {
-		p, err := lab.Client.CoreV1().Pods(ns).Create(ctx, pod(fmt.Sprintf("probe-%d", i), map[string]string{"training.kubeflow.org/job-name": "probe"}), metav1.CreateOptions{})
+		p, err := cs.CoreV1().Pods(ns).Create(ctx, pod(fmt.Sprintf("probe-%d", i), map[string]string{"training.kubeflow.org/job-name": "probe"}), metav1.CreateOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -557,7 +571,7 @@ func installPolicy(ctx context.Context, t *testing.T, lab *schedlab.Lab) {
 		name string
 		lbl  map[string]string
 	}{{"plain", map[string]string{"app": "web"}}, {"queue-job", map[string]string{"batch.kubernetes.io/job-name": "queue"}}} {
-		p, err := lab.Client.CoreV1().Pods(ns).Create(ctx, pod(c.name, c.lbl), metav1.CreateOptions{})
+		p, err := cs.CoreV1().Pods(ns).Create(ctx, pod(c.name, c.lbl), metav1.CreateOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
