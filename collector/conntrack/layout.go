@@ -296,14 +296,14 @@ func ciliumMinor(v string) int {
 // node; nothing else does (Cilium conntracks the host's traffic only with
 // its host firewall).
 const (
-	identityHost          = 1
-	identityWorld         = 2
-	identityHealth        = 4
-	identityInit          = 5
-	identityRemoteNode    = 6
-	identityKubeAPIServer = 7
-	identityUserReserved  = 128        // 128-255: user reserved identities, given to endpoints
-	identityScopeMask     = 0xFF << 24 // local (1<<24) and remote-node (2<<24) scopes
+	identityHost            = 1
+	identityHealth          = 4
+	identityInit            = 5
+	identityRemoteNode      = 6
+	identityKubeAPIServer   = 7
+	identityUserReserved    = 128        // 128-255: user reserved identities, given to endpoints
+	identityScopeMask       = 0xFF << 24 // local (1<<24) and remote-node (2<<24) scopes
+	identityScopeRemoteNode = 2 << 24
 )
 
 // endpointIdentity reports whether an identity names a Cilium endpoint (a
@@ -319,7 +319,8 @@ func endpointIdentity(id uint32) bool {
 // hostIdentity reports a node's host network as the opener: the local host,
 // a remote node or a node running kube-apiserver.
 func hostIdentity(id uint32) bool {
-	return id == identityHost || id == identityRemoteNode || id == identityKubeAPIServer || id>>24 == 2
+	return id == identityHost || id == identityRemoteNode || id == identityKubeAPIServer ||
+		id&identityScopeMask == identityScopeRemoteNode
 }
 
 // Evidence is what one entry says about the layout. Both layouts are 56
