@@ -35,18 +35,19 @@ func TestCiliumLabDemo(t *testing.T) {
 	}
 	step("lab up in %s", lab.StartTime.Round(time.Millisecond))
 
+	gpus := newLabGPUs(t, lab)
+	step("GPUs are simulated (no GPU here): a dcgm-exporter page per node at %s/<node>/metrics and a kubelet PodResources socket per node", gpus.url)
+	step("starting one zonewatch exporter per node, in the node's namespaces, with the chart's args, ServiceAccount and securityContext")
+	addrs := startLabExporters(t, lab, api, gpus)
+
 	step("applying the zone fence ml-team/zone-isolation (ml-team pods accept only their own zone) and three PyTorchJobs, pods wired by cilium-cni")
 	sc := startLabScenario(ctx, t, lab)
+	sc.simulateGPUs(gpus)
 	for _, j := range []*labJob{sc.blocked, sc.slow, sc.healthy} {
 		for _, p := range j.pods() {
 			step("  %s on %s (%s): %s", p.Ref(), p.Node.Name, p.Node.Zone, p.IP)
 		}
 	}
-	gpus := sc.gpus(t, lab)
-	step("GPUs are simulated (no GPU here): a dcgm-exporter page per node at %s/<node>/metrics and a kubelet PodResources socket per node", gpus.url)
-
-	step("starting one zonewatch exporter per node, in the node's namespaces, with the chart's args, ServiceAccount and securityContext")
-	addrs := startLabExporters(t, lab, api, gpus)
 	dir := t.TempDir()
 	hook := newWebhook(t)
 	amAddr := startAlertmanager(t, tools, dir, hook.url)

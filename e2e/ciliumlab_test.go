@@ -17,9 +17,13 @@ import (
 	"testing"
 	"time"
 
+	flowpb "github.com/cilium/cilium/api/v1/flow"
+	observerpb "github.com/cilium/cilium/api/v1/observer"
 	"github.com/cilium/ebpf"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 	appsv1 "k8s.io/api/apps/v1"
 	"sigs.k8s.io/yaml"
 
@@ -247,14 +251,12 @@ func startLabScenario(ctx context.Context, t *testing.T, lab *ciliumlab.Lab) *la
 	return sc
 }
 
-// gpus starts the simulated GPUs: the blocked job's idle (waiting on the
-// rendezvous), the others busy.
-func (sc *labScenario) gpus(t *testing.T, lab *ciliumlab.Lab) *labGPUs {
-	g := newLabGPUs(t, lab)
+// simulateGPUs gives the jobs' pods simulated GPUs: the blocked job's
+// idle (waiting on the rendezvous), the others busy.
+func (sc *labScenario) simulateGPUs(g *labGPUs) {
 	g.setJob(sc.blocked, 0.01)
 	g.setJob(sc.slow, 0.9)
 	g.setJob(sc.healthy, 0.93)
-	return g
 }
 
 // fix recreates the blocked job in the workers' zone (what podAffinity on
@@ -475,6 +477,64 @@ func startRelayExporters(t *testing.T, api *testenv.APIServer, relay string, tot
 	return addrs
 }
 
+// hubbleSends reads, from Hubble itself (GetFlows on each sender's node
+// socket, the ring buffer without following), the trace events of the
+// packets the pods sent to peer's port that are not replies: what
+// "forwarded flow events on the sender" counts. It returns their number
+// and how they break down (observation point and TCP flags).
+func hubbleSends(t *testing.T, peer *ciliumlab.Pod, port uint32, senders ...*ciliumlab.Pod) (int, map[string]int) {
+	t.Helper()
+	kinds := map[string]int{}
+	total := 0
+	byNode := map[*ciliumlab.Node][]string{}
+	for _, p := range senders {
+		byNode[p.Node] = append(byNode[p.Node], p.IP.String())
+	}
+	for n, ips := range byNode {
+		conn, err := grpc.NewClient("unix://"+n.Path("/run/cilium/hubble.sock"), grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		stream, err := observerpb.NewObserverClient(conn).GetFlows(ctx, &observerpb.GetFlowsRequest{
+			Number: 100000, First: true,
+			Whitelist: []*flowpb.FlowFilter{{SourceIp: ips, DestinationIp: []string{peer.IP.String()}, DestinationPort: []string{fmt.Sprint(port)}}},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for {
+			resp, err := stream.Recv()
+			if err != nil {
+				break
+			}
+			f := resp.GetFlow()
+			if f == nil || f.GetEventType().GetType() != 4 || f.GetIsReply().GetValue() {
+				continue
+			}
+			total++
+			flags := f.GetL4().GetTCP().GetFlags()
+			kinds[fmt.Sprintf("%s %s", f.GetTraceObservationPoint(), tcpFlags(flags))]++
+		}
+		cancel()
+		conn.Close()
+	}
+	return total, kinds
+}
+
+func tcpFlags(f *flowpb.TCPFlags) string {
+	var out []string
+	for _, x := range []struct {
+		on   bool
+		name string
+	}{{f.GetSYN(), "SYN"}, {f.GetACK(), "ACK"}, {f.GetPSH(), "PSH"}, {f.GetFIN(), "FIN"}, {f.GetRST(), "RST"}} {
+		if x.on {
+			out = append(out, x.name)
+		}
+	}
+	return strings.Join(out, "|")
+}
+
 // agentDrops is the sum of the agents' own policy drop counters
 // (cilium_drop_count_total, read from the datapath's metrics map at scrape
 // time) by reason.
@@ -617,19 +677,22 @@ func TestCiliumLab(t *testing.T) {
 		}
 	}
 
-	sc := startLabScenario(ctx, t, lab)
-	blocked, slow, healthy := sc.blocked, sc.slow, sc.healthy
-	t.Logf("pods wired and the fence in force %s after the test began", time.Since(began).Round(time.Millisecond))
-
-	gpus := sc.gpus(t, lab)
+	// The exporters first, as a DaemonSet runs before the jobs come: they
+	// see every pod's first packets.
+	gpus := newLabGPUs(t, lab)
 	addrs := startLabExporters(t, lab, api, gpus)
 	// Relay mode beside them: hubble-relay on the coordinator's node and
-	// two shards following it, started before any traffic as well.
+	// two shards following it.
 	relayAddr, _, err := lab.StartRelay(ctx, lab.Node("cpu-b1"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	shards := startRelayExporters(t, api, relayAddr, 2)
+	sc := startLabScenario(ctx, t, lab)
+	sc.simulateGPUs(gpus)
+	blocked, slow, healthy := sc.blocked, sc.slow, sc.healthy
+	t.Logf("exporters up, pods wired and the fence in force %s after the test began", time.Since(began).Round(time.Millisecond))
+
 	dropsBefore := agentDrops(t, lab)
 
 	// Hard block: each worker tries the rendezvous 5 times.
@@ -721,10 +784,26 @@ func TestCiliumLab(t *testing.T) {
 			match := map[string]string{"namespace": j.ns, "job_name": j.name, "verdict": "forwarded"}
 			got := sumExporters(t, addrs, "zonewatch_job_flow_events_total", match)
 			conns := results[i].Attempts - results[i].Failed
-			t.Logf("%s/%s: %g forwarded flow events for %d connections: %v", j.ns, j.name, got, conns, seriesOf(t, addrs, "zonewatch_job_flow_events_total", match))
+			hubble, kinds := hubbleSends(t, j.coordinator, ciliumlab.RendezvousPort, j.workers...)
+			t.Logf("%s/%s: exporters %g forwarded flow events, Hubble %d sent (not reply) trace events on the senders %v, for %d connections",
+				j.ns, j.name, got, hubble, kinds, conns)
+			if got != float64(hubble) {
+				t.Errorf("%s/%s: exporters count %g forwarded flow events, the senders' Hubble has %d: %v", j.ns, j.name, got, hubble,
+					seriesOf(t, addrs, "zonewatch_job_flow_events_total", match))
+			}
 			if got < float64(conns) {
 				t.Errorf("%s/%s: %g forwarded flow events, fewer than its %d connections", j.ns, j.name, got, conns)
 			}
+		}
+		// A blocked SYN is one forwarded event where it is sent and one
+		// drop where the fence drops it.
+		m := map[string]string{"namespace": blocked.ns, "job_name": blocked.name}
+		fwd := sumExporters(t, addrs, "zonewatch_job_flow_events_total", mergeArgs(m, map[string]string{"verdict": "forwarded"}))
+		drp := sumExporters(t, addrs, "zonewatch_job_flow_events_total", mergeArgs(m, map[string]string{"verdict": "dropped"}))
+		hubble, kinds := hubbleSends(t, blocked.coordinator, ciliumlab.RendezvousPort, blocked.workers...)
+		t.Logf("%s/%s: exporters %g forwarded + %g dropped flow events; senders' Hubble %d %v; %d SYNs sent", blocked.ns, blocked.name, fwd, drp, hubble, kinds, res.Attempts)
+		if fwd != float64(hubble) || drp != denied {
+			t.Errorf("%s/%s: %g forwarded and %g dropped flow events, want %d (the senders' Hubble) and %g (the agents' drops)", blocked.ns, blocked.name, fwd, drp, hubble, denied)
 		}
 	})
 
