@@ -181,8 +181,6 @@ type jobPods struct {
 	selector string
 	// replicas maps each raw replica type to whether it coordinates.
 	replicas map[string]bool
-	// coordinatorTolerations holds each coordinator pod's tolerations.
-	coordinatorTolerations [][]corev1.Toleration
 	// rayGroups are the worker group names of a RayCluster.
 	rayGroups []string
 	// set is the object the job is a group of (a LeaderWorkerSet).
@@ -190,7 +188,7 @@ type jobPods struct {
 	// explicit: some pod coordinates by name or label; guesses are the
 	// rank-0 guesses, which count only without one.
 	explicit bool
-	guesses  []guess
+	guesses  []string // replica types
 	// demand is every unfinished pod of the job, pending ones too.
 	demand []podDemand
 }
@@ -264,11 +262,10 @@ func loadPods(index *topology.Index, rules []topology.Rule, path string) (*podSe
 		case coord && p.Identity.Guess:
 			// Decided below: a rank-0 guess yields to a coordinator by name
 			// or label, as in the index.
-			j.guesses = append(j.guesses, guess{p.Identity.ReplicaType, pod.Spec.Tolerations})
+			j.guesses = append(j.guesses, p.Identity.ReplicaType)
 		case coord:
 			j.explicit = true
 			j.replicas[p.Identity.ReplicaType] = true
-			j.coordinatorTolerations = append(j.coordinatorTolerations, pod.Spec.Tolerations)
 		}
 		if g := pod.Labels["ray.io/group"]; g != "" && !coord && !slices.Contains(j.rayGroups, g) {
 			j.rayGroups = append(j.rayGroups, g)
@@ -282,16 +279,9 @@ func loadPods(index *topology.Index, rules []topology.Rule, path string) (*podSe
 		if j.explicit {
 			continue
 		}
-		for _, g := range j.guesses {
-			j.replicas[g.replicaType] = true
-			j.coordinatorTolerations = append(j.coordinatorTolerations, g.tolerations)
+		for _, rt := range j.guesses {
+			j.replicas[rt] = true
 		}
 	}
 	return &podSet{jobs: jobs, used: used}, nil
-}
-
-// guess is a pod that coordinates only by rank 0.
-type guess struct {
-	replicaType string
-	tolerations []corev1.Toleration
 }

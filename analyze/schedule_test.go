@@ -267,6 +267,19 @@ func runCell(ctx context.Context, lab *schedlab.Lab, cell string, shape *schedla
 		}
 		switch cond {
 		case "none":
+			// The seed's split: a coordinator without GPUs cannot go on
+			// the tainted GPU nodes and lands in the CPU zone.
+			if !shape.AllGPU {
+				coords, _, _, err := j.Pods()
+				if err != nil {
+					return out, err
+				}
+				for _, c := range coords {
+					if z := zoneOf[p[c.Name]]; z != cpuZone {
+						return out, fmt.Errorf("without a fix the coordinator %s landed in %q, want %s", c.Name, z, cpuZone)
+					}
+				}
+			}
 			// Not opted in: the policy leaves the pods as created.
 			for _, pod := range pods {
 				if a := pod.Spec.Affinity; a != nil && (a.PodAffinity != nil && len(a.PodAffinity.PreferredDuringSchedulingIgnoredDuringExecution) > 0) {
