@@ -229,3 +229,60 @@ func CiliumSocket(t testing.TB, path string) {
 		t.Fatal(err)
 	}
 }
+
+// childEnv names, in a child RunTestAs started, the test it runs; childArg
+// prefixes the values the parent hands it.
+const (
+	childEnv = "ZONEWATCH_TESTENV_AS"
+	childArg = "ZONEWATCH_TESTENV_AS_"
+)
+
+// AsChild reports whether this test process is the child RunTestAs
+// started for t, and returns the values the parent handed it. A test that
+// reads a real host resource in-process calls it first: the child does
+// the reading, with the identity the parent chose.
+func AsChild(t testing.TB) (map[string]string, bool) {
+	if os.Getenv(childEnv) != t.Name() {
+		return nil, false
+	}
+	vals := map[string]string{}
+	for _, kv := range os.Environ() {
+		if k, v, ok := strings.Cut(kv, "="); ok && strings.HasPrefix(k, childArg) {
+			vals[strings.TrimPrefix(k, childArg)] = v
+		}
+	}
+	return vals, true
+}
+
+// RunTestAs runs t's own test function again in a child of this test
+// binary, with the container identity sc (setpriv), handing it vals
+// (AsChild); it returns the child's output, and an error when the child
+// failed. The parent sets up what needs more privilege than the container
+// has (a bpffs mount, a socket) and the child reads it as the pod would.
+func RunTestAs(t testing.TB, sc SecurityContext, vals map[string]string) (string, error) {
+	t.Helper()
+	CanStartAs(t)
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := sc.Args(self, "-test.run", "^"+strings.ReplaceAll(regexpQuote(t.Name()), "/", "$/^")+"$", "-test.v", "-test.count=1")
+	cmd := exec.Command(a[0], a[1:]...)
+	cmd.Env = append(os.Environ(), childEnv+"="+t.Name())
+	for k, v := range vals {
+		cmd.Env = append(cmd.Env, childArg+k+"="+v)
+	}
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
+
+func regexpQuote(s string) string {
+	var b strings.Builder
+	for _, c := range s {
+		if strings.ContainsRune(`\.+*?()|[]{}^$`, c) {
+			b.WriteByte('\\')
+		}
+		b.WriteRune(c)
+	}
+	return b.String()
+}
