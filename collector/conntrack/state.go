@@ -105,7 +105,8 @@ func (b *tableState) observe(key []byte, bytes uint64, life, epoch uint32, hold 
 			o = obsGrown
 		}
 		young := old.young() || o == obsReset
-		b.m[k] = mkSlot(old.bytes, life, epoch, young, false)
+		// Held growth is lost if the entry goes before counting starts.
+		b.m[k] = mkSlot(old.bytes, life, epoch, young, old.active() || o != same)
 		return 0, o, young
 	}
 	switch {
