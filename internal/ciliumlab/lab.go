@@ -14,8 +14,9 @@
 // Everything the lab makes (processes, namespaces, links, mounts, cgroups,
 // Kubernetes objects it does not leave to the apiserver's own cleanup) is
 // recorded when made and undone by Close in reverse order, by name or id,
-// even after a failed start. docs/development.md ("The Cilium lab") says
-// what it proves and what it needs.
+// even after a failed start. docs/hubble.md ("On real Cilium agents")
+// says what the lab's test proves; it needs root, iproute2, util-linux and
+// a kernel with tcx and VXLAN.
 package ciliumlab
 
 import (
