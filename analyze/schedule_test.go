@@ -289,6 +289,9 @@ func runCell(ctx context.Context, lab *schedlab.Lab, cell string, shape *schedla
 			if fix, err = analyzeFix(ctx, lab, cell, ns, j); err != nil {
 				return out, err
 			}
+			if os.Getenv("ZONEWATCH_SCHEDLAB_DEBUG") != "" {
+				fmt.Fprintf(os.Stderr, "%s %s %s fix:\n%s\n", cell, shape.Name, order, fix)
+			}
 		case "admission policy":
 			for _, pod := range pods {
 				if a := pod.Spec.Affinity; a == nil || a.PodAffinity == nil || len(a.PodAffinity.PreferredDuringSchedulingIgnoredDuringExecution) == 0 {
