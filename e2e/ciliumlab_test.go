@@ -821,6 +821,46 @@ func TestCiliumLab(t *testing.T) {
 		}
 	})
 
+	// Hubble's ring is lost with the agent, the pinned conntrack maps
+	// stay: nothing may be counted twice, through either mode.
+	t.Run("agent restart counts nothing twice", func(t *testing.T) {
+		type count struct{ drops, flows, bytes, relay float64 }
+		read := func() map[string]count {
+			out := map[string]count{}
+			for _, j := range []*labJob{blocked, slow, healthy} {
+				m := map[string]string{"namespace": j.ns, "job_name": j.name}
+				out[j.name] = count{
+					drops: sumExporters(t, addrs, "zonewatch_job_policy_drops_total", m),
+					flows: sumExporters(t, addrs, "zonewatch_job_flow_events_total", m),
+					bytes: sumExporters(t, addrs, "zonewatch_job_network_bytes_total", m),
+					relay: sumExporters(t, shards, "zonewatch_job_flow_events_total", m),
+				}
+			}
+			return out
+		}
+		before := read()
+		reconnects := sumExporters(t, addrs, "zonewatch_hubble_reconnects_total", nil)
+		n := lab.Node("gpu-a1") // the workers' node: most flows and every egress entry of the split jobs
+		began := time.Now()
+		if err := n.RestartAgent(ctx); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("agent on %s restarted in %s", n.Name, time.Since(began).Round(time.Millisecond))
+		eventually(t, time.Minute, "the exporter follows the restarted agent's Hubble again", func() (bool, string) {
+			r := sumExporters(t, addrs, "zonewatch_hubble_reconnects_total", nil)
+			up := sumExporters(t, addrs, "zonewatch_source_up", map[string]string{"source": "hubble"})
+			return r > reconnects && up == float64(len(addrs)), fmt.Sprintf("reconnects %g (before %g), hubble up on %g", r, reconnects, up)
+		})
+		time.Sleep(12 * time.Second) // a conntrack poll (10 s) after the restart
+		after := read()
+		for job, b := range before {
+			if a := after[job]; a != b {
+				t.Errorf("%s after the agent restart: %+v, before %+v", job, a, b)
+			}
+		}
+		t.Logf("counts before and after the restart: %+v", after)
+	})
+
 	t.Run("nothing unplaced", func(t *testing.T) {
 		if u := sumExporters(t, addrs, "zonewatch_hubble_flows_unresolved_total", nil); u != 0 {
 			t.Errorf("zonewatch_hubble_flows_unresolved_total = %g, want 0: %v", u, seriesOf(t, addrs, "zonewatch_hubble_flows_unresolved_total", nil))

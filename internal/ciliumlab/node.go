@@ -38,9 +38,10 @@ type Node struct {
 	// AgentMetrics is the agent's Prometheus endpoint (host:port on the bridge).
 	AgentMetrics string
 
-	holder *exec.Cmd // keeps the mount namespace
-	agent  *Proc
-	api    *http.Client
+	holder   *exec.Cmd // keeps the mount namespace
+	agent    *Proc
+	restarts int
+	api      *http.Client
 }
 
 // Proc is a process the lab started inside a node.
@@ -244,10 +245,16 @@ func (l *Lab) createNodeObject(ctx context.Context, n *Node) error {
 // Start runs a command inside the node's network and mount namespaces,
 // its output in the node's folder as name.log, and stops it on Close.
 func (n *Node) Start(name string, env []string, bin string, args ...string) (*Proc, error) {
-	return n.lab.startIn(n, n.Dir, name, env, bin, args...)
+	p, err := n.start(name, env, bin, args...)
+	if err == nil {
+		n.lab.onUndo(fmt.Sprintf("%s on %s (pid %d)", name, n.Name, p.Cmd.Process.Pid), p.Stop)
+	}
+	return p, err
 }
 
-func (l *Lab) startIn(n *Node, dir, name string, env []string, bin string, args ...string) (*Proc, error) {
+// start is Start without the undo step (the agent has one for all its restarts).
+func (n *Node) start(name string, env []string, bin string, args ...string) (*Proc, error) {
+	dir := n.Dir
 	logPath := filepath.Join(dir, name+".log")
 	logf, err := os.Create(logPath)
 	if err != nil {
@@ -267,7 +274,6 @@ func (l *Lab) startIn(n *Node, dir, name string, env []string, bin string, args 
 	}
 	p := &Proc{Name: name, Cmd: cmd, Log: logPath, done: make(chan struct{})}
 	go func() { p.err = cmd.Wait(); logf.Close(); close(p.done) }()
-	l.onUndo(fmt.Sprintf("%s on %s (pid %d)", name, n.Name, cmd.Process.Pid), p.Stop)
 	return p, nil
 }
 
@@ -303,7 +309,9 @@ func (n *Node) agentArgs(kubeconfig string) []string {
 	return args
 }
 
-func (n *Node) startAgent(ctx context.Context) error {
+func (n *Node) startAgent(ctx context.Context) error { return n.runAgent(ctx, "cilium-agent") }
+
+func (n *Node) runAgent(ctx context.Context, name string) error {
 	kc, err := n.lab.Kubeconfig(n.Name+"-agent", n.lab.cfg.API.BearerToken)
 	if err != nil {
 		return err
@@ -313,9 +321,14 @@ func (n *Node) startAgent(ctx context.Context) error {
 		"K8S_NODE_NAME=" + n.Name,
 	}
 	began := time.Now()
-	p, err := n.Start("cilium-agent", env, filepath.Join(n.lab.cfg.Cilium, "cilium-agent"), n.agentArgs(kc)...)
+	p, err := n.start(name, env, filepath.Join(n.lab.cfg.Cilium, "cilium-agent"), n.agentArgs(kc)...)
 	if err != nil {
 		return err
+	}
+	if n.agent == nil {
+		// One undo step for the agent however often it restarts, in the
+		// place of its first start: the pods' CNI DEL before it need it.
+		n.lab.onUndo("cilium-agent on "+n.Name, func() error { return n.agent.Stop() })
 	}
 	n.agent = p
 	if err := n.waitHealthy(ctx, p); err != nil {
@@ -329,12 +342,13 @@ func (n *Node) startAgent(ctx context.Context) error {
 func (n *Node) Agent() *Proc { return n.agent }
 
 // RestartAgent stops the agent and starts it again with the same flags
-// (its pinned maps and endpoints stay).
+// (its pinned maps and endpoints stay; its log goes to a new file).
 func (n *Node) RestartAgent(ctx context.Context) error {
 	if err := n.agent.Stop(); err != nil {
 		return err
 	}
-	return n.startAgent(ctx)
+	n.restarts++
+	return n.runAgent(ctx, fmt.Sprintf("cilium-agent-%d", n.restarts))
 }
 
 // waitHealthy polls the agent's /v1/healthz until the daemon and its

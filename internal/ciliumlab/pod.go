@@ -163,7 +163,12 @@ func (p *Pod) cni(ctx context.Context, command string) ([]byte, error) {
 		"CNI_NETNS=/run/netns/" + p.NetNS, "CNI_IFNAME=eth0",
 		"CNI_PATH=" + p.lab.cfg.Cilium, "CNI_ARGS=" + args,
 		filepath.Join(p.lab.cfg.Cilium, "cilium-cni")}
-	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	// ADD may compile the node's first bpf_lxc; DEL only asks the agent.
+	limit := 2 * time.Minute
+	if command == "DEL" {
+		limit = 30 * time.Second
+	}
+	ctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
 	out, err := output(ctx, bytes.NewReader([]byte(cniConf)), "nsenter", argv...)
 	if err != nil {
