@@ -44,6 +44,11 @@ const (
 	// pod set only into one topology domain with room for all of it
 	// (kueue.x-k8s.io, pkg/controller/tas).
 	KueueTopologyAnnotation = "kueue.x-k8s.io/podset-required-topology"
+	// KueueGroupAnnotation on two pod templates (a coordinator and its
+	// workers) makes Kueue TAS fit both pod sets into one domain together
+	// (kueue v0.17 apis/kueue/v1beta2 PodSetGroupName; the scheduler's
+	// TAS snapshot groups a leader pod set with a workers pod set).
+	KueueGroupAnnotation = "kueue.x-k8s.io/podset-group-name"
 	// KueueQueueLabel queues a job to a LocalQueue.
 	KueueQueueLabel = "kueue.x-k8s.io/queue-name"
 	// LWSExclusiveAnnotation keeps each LeaderWorkerSet group in one
@@ -122,8 +127,15 @@ func suggestedFix(j *Job, pods *jobPods, nodes map[string]nodeInfo, used map[str
 // Pending, so the advice is gang admission: Kueue admits the job only
 // into a zone with room for every pod set, and creates no pod before.
 func noRoomFix(j *Job, pods *jobPods, need string, rooms []zoneRoom) string {
+	templates := 0
+	patchTemplates(j, pods, func(...string) map[string]any { templates++; return nil })
 	where, spec := patchTemplates(j, pods, func(...string) map[string]any {
-		return map[string]any{"metadata": map[string]any{"annotations": map[string]any{KueueTopologyAnnotation: kube.LabelZone}}}
+		ann := map[string]any{KueueTopologyAnnotation: kube.LabelZone}
+		if templates == 2 {
+			// A coordinator's pod set and its workers' in one zone together.
+			ann[KueueGroupAnnotation] = "training"
+		}
+		return map[string]any{"metadata": map[string]any{"annotations": ann}}
 	})
 	body, err := yaml.Marshal(map[string]any{
 		"metadata": map[string]any{"labels": map[string]any{KueueQueueLabel: "<LocalQueue of a TAS ResourceFlavor>"}},

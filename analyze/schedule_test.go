@@ -481,7 +481,7 @@ func noRoomCell(ctx context.Context, lab *schedlab.Lab) error {
 		return err
 	}
 	if p.Pending() > 0 || !strings.HasPrefix(fix, "# No zone can hold every pod of PyTorchJob noroom/train now (16 GPUs in 5 pods") ||
-		strings.Contains(fix, "nodeAffinity") || !strings.Contains(fix, KueueTopologyAnnotation) {
+		strings.Contains(fix, "nodeAffinity") || !strings.Contains(fix, KueueTopologyAnnotation) || !strings.Contains(fix, KueueGroupAnnotation) {
 		return fmt.Errorf("no zone has room (placement %v); the advice:\n%s", p, fix)
 	}
 	return nil
