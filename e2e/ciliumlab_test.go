@@ -861,6 +861,41 @@ func TestCiliumLab(t *testing.T) {
 		t.Logf("counts before and after the restart: %+v", after)
 	})
 
+	// Cilium deletes an endpoint's conntrack entries with it: the bytes a
+	// pod moved since the last poll (10 s) must still be counted when the
+	// pod goes right after a transfer.
+	t.Run("pod deleted right after a transfer", func(t *testing.T) {
+		w, err := lab.AddPod(ctx, ciliumlab.PodSpec{Namespace: slow.ns, Name: slow.name + "-worker-2", Node: "gpu-a2",
+			Labels:          mergeArgs(slow.workers[0].Spec.Labels, map[string]string{"training.kubeflow.org/replica-index": "2", "zone": zoneA}),
+			OwnerAPIVersion: "kubeflow.org/v1", OwnerKind: "PyTorchJob", OwnerName: slow.name, Ports: []int32{ciliumlab.RendezvousPort}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := w.Identity(ctx); err != nil {
+			t.Fatal(err)
+		}
+		m := map[string]string{"namespace": slow.ns, "job_name": slow.name}
+		before := sumExporters(t, addrs, "zonewatch_job_network_bytes_total", m)
+		big := ex
+		big.Steps = 200 // 12.5 MiB up, 3.1 MiB down
+		r := big.Run(ctx, slow.coordinator, []*ciliumlab.Pod{w}, 1)
+		began := time.Now()
+		if err := w.Delete(ctx); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("pod %s deleted %s after its transfer ended (%s)", w.Ref(), time.Since(began).Round(time.Millisecond), r)
+		var payload int64
+		for _, v := range r.Payload {
+			payload += v
+		}
+		time.Sleep(15 * time.Second) // past the next poll: nothing more is coming
+		got := sumExporters(t, addrs, "zonewatch_job_network_bytes_total", m) - before
+		t.Logf("bytes of the deleted pod's connection: exporters %g, payload %d B both ways: %.4f of the payload", got, payload, got/float64(payload))
+		if got < float64(payload) || got > 1.01*float64(payload) {
+			t.Errorf("a pod deleted right after moving %d B: %g B counted, want the payload plus at most 1%% headers", payload, got)
+		}
+	})
+
 	t.Run("nothing unplaced", func(t *testing.T) {
 		if u := sumExporters(t, addrs, "zonewatch_hubble_flows_unresolved_total", nil); u != 0 {
 			t.Errorf("zonewatch_hubble_flows_unresolved_total = %g, want 0: %v", u, seriesOf(t, addrs, "zonewatch_hubble_flows_unresolved_total", nil))

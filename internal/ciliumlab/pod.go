@@ -177,12 +177,25 @@ func (p *Pod) cni(ctx context.Context, command string) ([]byte, error) {
 	return out, nil
 }
 
-// Delete removes the pod as the kubelet does: CNI DEL, the namespace, then
-// the object.
+// ContainerStop is how long the lab's kubelet takes to stop a pod's
+// containers between the deletion request and the sandbox's teardown.
+const ContainerStop = time.Second
+
+// Delete removes the pod in the kubelet's order: the deletion request
+// (the pod turns terminating), the containers stop, the sandbox goes
+// (CNI DEL, then the namespace), then the kubelet's final delete of the
+// object.
 func (p *Pod) Delete(ctx context.Context) error {
 	if p.deleted {
 		return nil
 	}
+	grace := int64(30)
+	err := p.lab.Client.CoreV1().Pods(p.Spec.Namespace).Delete(ctx, p.Spec.Name,
+		metav1.DeleteOptions{GracePeriodSeconds: &grace, Preconditions: &metav1.Preconditions{UID: &p.UID}})
+	if err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("deleting pod %s: %w", p.Ref(), err)
+	}
+	time.Sleep(ContainerStop)
 	if _, err := p.cni(ctx, "DEL"); err != nil {
 		return err
 	}
