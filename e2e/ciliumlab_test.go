@@ -893,6 +893,9 @@ func TestCiliumLab(t *testing.T) {
 		t.Logf("bytes of the deleted pod's connection: exporters %g, payload %d B both ways: %.4f of the payload", got, payload, got/float64(payload))
 		if got < float64(payload) || got > 1.01*float64(payload) {
 			t.Errorf("a pod deleted right after moving %d B: %g B counted, want the payload plus at most 1%% headers", payload, got)
+			for _, metric := range []string{"zonewatch_conntrack_unattributed_bytes_total", "zonewatch_conntrack_deleted_entries_total", "zonewatch_job_network_bytes_total"} {
+				t.Logf("%s: %v", metric, seriesOf(t, map[string]string{"gpu-a2": addrs["gpu-a2"]}, metric, nil))
+			}
 		}
 	})
 

@@ -117,7 +117,15 @@ cilium() {
     apt-get update -qq >&2
     apt-get install -y -qq --no-install-recommends "clang-19=$LLVM_APT_VERSION" "llvm-19=$LLVM_APT_VERSION" iptables >&2
   fi
-  if [ -x "$dir/cilium-agent" ] && [ -x "$dir/cilium-cni" ] && [ -x "$dir/hubble-relay" ] && [ -d "$dir/lib/bpf" ]; then
+  # pkg/version parses "VERSION REVISION AUTHOR-DATE" (at least three
+  # words: else the agent and Hubble's ServerStatus report no version). The
+  # module has no git revision: "zwlab" says it is this build; the date is
+  # the module's.
+  local vstamp info
+  info=$(go mod download -json "github.com/cilium/cilium@$v" | sed -n 's/.*"Info": "\(.*\)".*/\1/p')
+  vstamp="${v#v} zwlab $(sed -n 's/.*"Time":"\([^"]*\)".*/\1/p' "$info")"
+  if [ -x "$dir/cilium-agent" ] && [ -x "$dir/cilium-cni" ] && [ -x "$dir/hubble-relay" ] && [ -d "$dir/lib/bpf" ] &&
+    [ "$(cat "$dir/.version" 2>/dev/null)" = "$vstamp" ]; then
     # A folder built before the CRDs were copied gets them without a rebuild.
     if [ ! -d "$dir/crds" ]; then
       cilium_crds "$(go mod download -json "github.com/cilium/cilium@$v" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')" "$dir"
@@ -135,7 +143,7 @@ cilium() {
   } >"$w/go.mod"
   printf '//go:build tools\n\npackage main\n\nimport (\n\t_ "%s/daemon"\n\t_ "%s/plugins/cilium-cni"\n\t_ "%s/hubble-relay"\n)\n' "$m" "$m" "$m" >"$w/tools.go"
   (cd "$w" && GOFLAGS=-mod=mod go get "$m@$v" >&2 && GOFLAGS=-mod=mod go mod tidy >&2)
-  local ldflags="-s -w -X '$m/pkg/version.ciliumVersion=${v#v} zonewatch-lab'"
+  local ldflags="-s -w -X '$m/pkg/version.ciliumVersion=$vstamp'"
   local name pkg
   for pair in cilium-agent:daemon cilium-cni:plugins/cilium-cni hubble-relay:hubble-relay; do
     name=${pair%%:*} pkg=${pair#*:}
@@ -146,6 +154,7 @@ cilium() {
   mkdir -p "$dir.tmp/lib"; cp -r "$src/bpf" "$dir.tmp/lib/bpf"; chmod -R u+w "$dir.tmp/lib"
   cilium_crds "$src" "$dir.tmp"
   mkdir -p "$dir.tmp/llvm"; ln -sf "$(command -v clang-19)" "$dir.tmp/llvm/clang"; ln -sf "$(command -v llc-19)" "$dir.tmp/llvm/llc"
+  echo "$vstamp" >"$dir.tmp/.version"
   rm -rf "$dir"; mv "$dir.tmp" "$dir"
   rm -rf "$w"
 }
