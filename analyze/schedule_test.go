@@ -484,6 +484,22 @@ func noRoomCell(ctx context.Context, lab *schedlab.Lab) error {
 		strings.Contains(fix, "nodeAffinity") || !strings.Contains(fix, KueueTopologyAnnotation) || !strings.Contains(fix, KueueGroupAnnotation) {
 		return fmt.Errorf("no zone has room (placement %v); the advice:\n%s", p, fix)
 	}
+	// The cluster holds the job split; the admission policy must not make
+	// it wait.
+	if err := lab.DeletePods(ctx, cell); err != nil {
+		return err
+	}
+	const opted = cell + "-policy"
+	if err := lab.EnsureNamespace(ctx, opted, map[string]string{AdmissionNamespaceLabel: "true"}); err != nil {
+		return err
+	}
+	j.Namespace = opted
+	if p, err = place(ctx, lab, j, cell, "coordinator first"); err != nil {
+		return err
+	}
+	if p.Pending() > 0 {
+		return fmt.Errorf("no zone has room: with the admission policy %d pods stay Pending: %v", p.Pending(), p)
+	}
 	return nil
 }
 
