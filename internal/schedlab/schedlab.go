@@ -51,8 +51,16 @@ type Lab struct {
 // Everything stops at the test's cleanup.
 func Start(t testing.TB) *Lab {
 	t.Helper()
-	bin := testenv.ToolsBin(t, "etcd", "kube-apiserver", "kube-scheduler")
-	api := testenv.StartAPIServer(t)
+	testenv.ToolsBin(t, "etcd", "kube-apiserver", "kube-scheduler")
+	return Attach(t, testenv.StartAPIServer(t))
+}
+
+// Attach starts kube-scheduler against an apiserver already running (a
+// lab's, e.g. `make demo`'s), so that its pods are bound by the real
+// scheduler.
+func Attach(t testing.TB, api *testenv.APIServer) *Lab {
+	t.Helper()
+	bin := testenv.ToolsBin(t, "kube-scheduler")
 	dir := t.TempDir()
 	port := testenv.FreePort(t)
 	testenv.Start(t, dir, "kube-scheduler", filepath.Join(bin, "kube-scheduler"),
