@@ -82,6 +82,7 @@ FUZZTIME ?= 60s
 fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzReadFlows$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 2s ./collector/hubble/
 	$(GO) test -run '^$$' -fuzz '^FuzzClassify$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 2s ./collector/hubble/
+	$(GO) test -run '^$$' -fuzz '^FuzzWireDecode$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 2s ./collector/hubble/
 	$(GO) test -run '^$$' -fuzz '^FuzzParseDCGMExporter$$' -fuzztime $(FUZZTIME) ./collector/gpu/
 	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime $(FUZZTIME) ./collector/conntrack/
 

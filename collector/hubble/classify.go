@@ -160,36 +160,42 @@ func NewClassifier(topo Topology, node string) *Classifier {
 
 // Classify classifies f without allocating.
 func (c *Classifier) Classify(f *flowpb.Flow) Result {
+	x := FieldsOf(f)
+	return c.ClassifyFields(&x)
+}
+
+// ClassifyFields classifies a flow's Fields without allocating.
+func (c *Classifier) ClassifyFields(f *Fields) Result {
 	var r Result
-	r.Node = observingNode(f.GetNodeName())
+	r.Node = observingNode(f.NodeName)
 	if r.Node == "" {
 		r.Node = c.node
 	}
-	ip := f.GetIP()
-	src, dst := f.GetSource(), f.GetDestination()
+	src, dst := &f.Src, &f.Dst
+	srcAddr, dstAddr := parseAddr(f.SrcIP), parseAddr(f.DstIP)
 	var srcOK, dstOK bool
-	r.Src, srcOK = c.resolve(ip.GetSource(), src)
-	r.Dst, dstOK = c.resolve(ip.GetDestination(), dst)
+	r.Src, srcOK = c.resolve(srcAddr, src)
+	r.Dst, dstOK = c.resolve(dstAddr, dst)
 	r.SrcUnresolved = !srcOK && !isWorld(src)
 	r.DstUnresolved = !dstOK && !isWorld(dst)
 	srcLocal := isLocal(r.Src, src, r.Node)
 	dstLocal := isLocal(r.Dst, dst, r.Node)
-	r.Direction = direction(f.GetTrafficDirection())
+	r.Direction = direction(f.Direction)
 	r.Locality = topology.Locality(r.Src, r.Dst)
 
-	event := f.GetEventType().GetType()
+	event := f.EventType
 	switch {
 	case c.node != "" && r.Node != c.node:
 		// another node's flow (a DaemonSet pointed at Relay)
-	case f.GetVerdict() == flowpb.Verdict_FORWARDED:
+	case f.Verdict == flowpb.Verdict_FORWARDED:
 		if countForwarded(f, event, srcLocal, dstLocal) {
 			r.Count, r.Verdict = Forwarded, VerdictForwarded
 		}
-	case f.GetVerdict() == flowpb.Verdict_DROPPED && event == eventL7:
+	case f.Verdict == flowpb.Verdict_DROPPED && event == eventL7:
 		// An L7 denial (HTTP 403, DNS refused by an L7 policy): the proxy
 		// refused a request on a forwarded connection; no packet was
 		// dropped. Not counted (the client does not even ask for them).
-	case f.GetVerdict() == flowpb.Verdict_DROPPED:
+	case f.Verdict == flowpb.Verdict_DROPPED:
 		if (event == eventDrop || event == eventPolicyVerdict) && c.pair(f, event) {
 			break // the other event of this packet counted it
 		}
@@ -226,7 +232,7 @@ func (c *Classifier) Classify(f *flowpb.Flow) Result {
 
 // peerOf relates the side that is not r.Job's to r.Job. The counters and
 // analyze both read it, so "between the job's own pods" means one thing.
-func peerOf(r *Result, src, dst *flowpb.Endpoint) (relation, namespace, workload string) {
+func peerOf(r *Result, src, dst *EndpointFields) (relation, namespace, workload string) {
 	if r.Job == nil {
 		return PeerUnknown, "", ""
 	}
@@ -242,36 +248,33 @@ func peerOf(r *Result, src, dst *flowpb.Endpoint) (relation, namespace, workload
 		return PeerCluster, e.Job.Namespace, e.Job.Name
 	case isWorld(ep):
 		return PeerWorld, "", ""
-	case e.Known() || clusterIdentity(ep.GetIdentity()):
-		// A pod the index does not hold (no job), a node, or an endpoint
-		// Hubble gave a cluster identity.
-		var w string
-		if ws := ep.GetWorkloads(); len(ws) > 0 {
-			w = ws[0].GetName()
-		}
-		if w == "" {
-			return PeerCluster, "", ""
-		}
-		return PeerCluster, ep.GetNamespace(), w
+	case e.Known():
+	case !clusterIdentity(ep.Identity):
+		return PeerUnknown, "", ""
 	}
-	return PeerUnknown, "", ""
+	// A pod the index does not hold (no job), a node, or an endpoint
+	// Hubble gave a cluster identity.
+	if ep.Workload == "" {
+		return PeerCluster, "", ""
+	}
+	return PeerCluster, ep.Namespace, ep.Workload
 }
 
 // countForwarded decides whether a forwarded event is the one count of its
 // packet: on the sending side, not a reply, a trace event (policy-verdict,
 // L7 and socket events describe the same packets again), at the point
 // where the packet leaves the sender's datapath.
-func countForwarded(f *flowpb.Flow, event int32, srcLocal, dstLocal bool) bool {
+func countForwarded(f *Fields, event int32, srcLocal, dstLocal bool) bool {
 	if event != eventTrace && event != eventUnknown {
 		return false
 	}
-	if f.GetIsReply().GetValue() || f.GetReply() {
+	if f.Reply {
 		return false
 	}
 	if !srcLocal {
 		return false // the receiving node; the sender counts it
 	}
-	switch f.GetTraceObservationPoint() {
+	switch f.Point {
 	case flowpb.TraceObservationPoint_UNKNOWN_POINT:
 		return true // a file without the field: one line per packet
 	case flowpb.TraceObservationPoint_TO_ENDPOINT, flowpb.TraceObservationPoint_TO_HOST:
@@ -293,26 +296,22 @@ func countForwarded(f *flowpb.Flow, event int32, srcLocal, dstLocal bool) bool {
 // events of one packet. The first one seen counts (normally the policy
 // verdict, which names the policy); either alone counts, so a cluster with
 // one of the two event kinds disabled still counts every drop.
-func (c *Classifier) pair(f *flowpb.Flow, event int32) bool {
+func (c *Classifier) pair(f *Fields, event int32) bool {
 	var h maphash.Hash
 	h.SetSeed(c.seed)
-	ip := f.GetIP()
-	h.WriteString(ip.GetSource())
+	h.WriteString(f.SrcIP)
 	h.WriteByte(0)
-	h.WriteString(ip.GetDestination())
+	h.WriteString(f.DstIP)
 	h.WriteByte(0)
-	h.WriteString(f.GetNodeName())
-	sp, dp, proto := ports(f.GetL4())
+	h.WriteString(f.NodeName)
+	sp, dp, proto := f.SrcPort, f.DstPort, f.Proto
 	var b [9]byte
 	b[0], b[1], b[2], b[3] = byte(sp>>24), byte(sp>>16), byte(sp>>8), byte(sp)
 	b[4], b[5], b[6], b[7] = byte(dp>>24), byte(dp>>16), byte(dp>>8), byte(dp)
 	b[8] = proto
 	h.Write(b[:])
 	key := h.Sum64() | 1 // 0 marks an empty slot
-	var at int64
-	if t := f.GetTime(); t != nil {
-		at = t.GetSeconds()*1e9 + int64(t.GetNanos())
-	}
+	at := f.Time
 	s := &c.pairs[key%uint64(len(c.pairs))]
 	if s.key == key && s.kind != event {
 		if d := at - s.at; d <= pairWindow && d >= -pairWindow {
@@ -324,50 +323,41 @@ func (c *Classifier) pair(f *flowpb.Flow, event int32) bool {
 	return false
 }
 
-func ports(l4 *flowpb.Layer4) (src, dst uint32, proto byte) {
-	switch p := l4.GetProtocol().(type) {
-	case *flowpb.Layer4_TCP:
-		return p.TCP.GetSourcePort(), p.TCP.GetDestinationPort(), 6
-	case *flowpb.Layer4_UDP:
-		return p.UDP.GetSourcePort(), p.UDP.GetDestinationPort(), 17
-	case *flowpb.Layer4_SCTP:
-		return p.SCTP.GetSourcePort(), p.SCTP.GetDestinationPort(), 132
-	case *flowpb.Layer4_ICMPv4:
-		return p.ICMPv4.GetType(), p.ICMPv4.GetCode(), 1
-	case *flowpb.Layer4_ICMPv6:
-		return p.ICMPv6.GetType(), p.ICMPv6.GetCode(), 58
-	}
-	return 0, 0, 0
-}
-
 // resolve places one side: the flow's IP first, then the flow's
 // namespace/pod_name (a job pod whose IP the informer has not seen yet).
-func (c *Classifier) resolve(addr string, ep *flowpb.Endpoint) (topology.Endpoint, bool) {
+func (c *Classifier) resolve(a netip.Addr, ep *EndpointFields) (topology.Endpoint, bool) {
 	e, ok := topology.Endpoint{Zone: topology.UnknownZone}, false
-	if addr != "" {
-		if a, err := netip.ParseAddr(addr); err == nil {
-			e, ok = c.topo.LookupIP(a)
-			if ok && e.Job != nil {
-				return e, true
-			}
+	if a.IsValid() {
+		e, ok = c.topo.LookupIP(a)
+		if ok && e.Job != nil {
+			return e, true
 		}
 	}
-	if name := ep.GetPodName(); name != "" {
-		if pe, found := c.topo.LookupPod(ep.GetNamespace(), name); found {
+	if ep.PodName != "" {
+		if pe, found := c.topo.LookupPod(ep.Namespace, ep.PodName); found {
 			return pe, true
 		}
 	}
 	return e, ok
 }
 
+// parseAddr parses a flow's IP; the zero Addr when empty or invalid.
+func parseAddr(s string) netip.Addr {
+	if s == "" {
+		return netip.Addr{}
+	}
+	a, _ := netip.ParseAddr(s)
+	return a
+}
+
 // isLocal reports whether a side runs on the observing node. A side the
 // index cannot place is local when Hubble gave it an endpoint ID, which
 // only endpoints of the observing node have.
-func isLocal(e topology.Endpoint, ep *flowpb.Endpoint, node string) bool {
+func isLocal(e topology.Endpoint, ep *EndpointFields, node string) bool {
 	if e.Node != "" && node != "" {
 		return e.Node == node
 	}
-	return ep.GetID() != 0
+	return ep.ID != 0
 }
 
 // Reserved identities of addresses outside the cluster, and the scope of
@@ -403,8 +393,8 @@ func clusterIdentity(id uint32) bool {
 // or a local-scope (CIDR/FQDN) one. It decides by the identity, which the
 // field mask keeps, so that live flows (masked, no labels) and files
 // (whole flows) agree; labels decide only when there is no identity.
-func isWorld(ep *flowpb.Endpoint) bool {
-	switch id := ep.GetIdentity(); {
+func isWorld(ep *EndpointFields) bool {
+	switch id := ep.Identity; {
 	case id == identityWorld, id == identityWorldIPv4, id == identityWorldIPv6:
 		return true
 	case id&identityScopeMask == identityScopeLocal:
@@ -412,12 +402,7 @@ func isWorld(ep *flowpb.Endpoint) bool {
 	case id != 0:
 		return false
 	}
-	for _, l := range ep.GetLabels() {
-		if strings.HasPrefix(l, "reserved:world") {
-			return true
-		}
-	}
-	return false
+	return ep.WorldLabel
 }
 
 // observingNode strips the cluster prefix Hubble puts on node names
@@ -439,10 +424,10 @@ func direction(d flowpb.TrafficDirection) string {
 	return DirectionUnknown
 }
 
-func policyReason(f *flowpb.Flow) string {
-	r := f.GetDropReasonDesc()
+func policyReason(f *Fields) string {
+	r := f.DropReasonDesc
 	if r == flowpb.DropReason_DROP_REASON_UNKNOWN {
-		r = flowpb.DropReason(f.GetDropReason()) // older flows: the numeric field only
+		r = flowpb.DropReason(f.DropReason) // older flows: the numeric field only
 	}
 	switch r {
 	case flowpb.DropReason_POLICY_DENIED:
@@ -457,17 +442,13 @@ func policyReason(f *flowpb.Flow) string {
 
 // deniedBy names the policy that denied the flow, in the direction of the
 // drop first.
-func deniedBy(f *flowpb.Flow) (namespace, name string) {
-	in, out := f.GetIngressDeniedBy(), f.GetEgressDeniedBy()
-	if f.GetTrafficDirection() == flowpb.TrafficDirection_EGRESS {
-		in, out = out, in
+func deniedBy(f *Fields) (namespace, name string) {
+	first, second := f.IngressDeniedBy, f.EgressDeniedBy
+	if f.Direction == flowpb.TrafficDirection_EGRESS {
+		first, second = second, first
 	}
-	for _, list := range [2][]*flowpb.Policy{in, out} {
-		for _, p := range list {
-			if p.GetName() != "" {
-				return p.GetNamespace(), p.GetName()
-			}
-		}
+	if first.Name == "" {
+		first = second
 	}
-	return "", ""
+	return first.Namespace, first.Name
 }

@@ -306,7 +306,7 @@ func (c *Client) session(ctx context.Context, since time.Time, reconnect bool) (
 	if nodes != nil {
 		req.Whitelist = ShardWhitelist(req.Whitelist, nodes)
 	}
-	stream, err := obs.GetFlows(sctx, req)
+	stream, err := obs.GetFlows(sctx, req, grpc.ForceCodecV2(newWireCodec()))
 	if err != nil {
 		return false, fmt.Errorf("hubble GetFlows at %s: %w", c.cfg.Address, err)
 	}
@@ -315,7 +315,7 @@ func (c *Client) session(ctx context.Context, since time.Time, reconnect bool) (
 		c.m.Reconnects.Inc()
 		c.logger.Info("hubble flow stream re-established", "address", c.cfg.Address, "since", since)
 	}
-	resp := &observerpb.GetFlowsResponse{}
+	resp := &wireResponse{}
 	for first := true; ; first = false {
 		if err := stream.RecvMsg(resp); err != nil {
 			if first && !c.noMask && maskRefused(err) {
@@ -330,7 +330,7 @@ func (c *Client) session(ctx context.Context, since time.Time, reconnect bool) (
 			}
 			return true, fmt.Errorf("receiving hubble flows from %s: %w", c.cfg.Address, err)
 		}
-		c.handle(resp)
+		c.receive(resp)
 		if c.nodeRefusedMask {
 			// Relay turns a node's refusal into a NODE_ERROR status and
 			// goes on with the other nodes: that node would send nothing
@@ -376,13 +376,34 @@ func (c *Client) request(since time.Time) *observerpb.GetFlowsRequest {
 	return req
 }
 
+// receive handles one response as the wire decoder left it.
+func (c *Client) receive(w *wireResponse) {
+	switch w.kind {
+	case respFlow:
+		c.flow(&w.flow)
+	case respOther:
+		c.handle(&w.full)
+	case respUnknown:
+		c.m.Unknown.Inc()
+	case respMalformed:
+		c.m.Malformed.Inc()
+		c.logger.Debug("hubble response skipped", "address", c.cfg.Address, "err", w.err)
+	}
+}
+
+func (c *Client) flow(f *Fields) {
+	if c.seen(f) {
+		return
+	}
+	c.agg.ObserveFields(f)
+}
+
+// handle handles a response decoded by the generated decoder.
 func (c *Client) handle(resp *observerpb.GetFlowsResponse) {
 	switch x := resp.GetResponseTypes().(type) {
 	case *observerpb.GetFlowsResponse_Flow:
-		if c.seen(x.Flow) {
-			return
-		}
-		c.agg.Observe(x.Flow)
+		f := FieldsOf(x.Flow)
+		c.flow(&f)
 	case *observerpb.GetFlowsResponse_LostEvents:
 		if c.seenLost(resp) {
 			return
@@ -445,17 +466,16 @@ func (c *Client) seenLost(resp *observerpb.GetFlowsResponse) bool {
 
 // seen records f's time as its node's mark and reports whether a previous
 // connection counted it already, or it is older than the client.
-func (c *Client) seen(f *flowpb.Flow) bool {
-	ts := f.GetTime()
-	if ts == nil {
+func (c *Client) seen(f *Fields) bool {
+	if !f.HasTime {
 		return false
 	}
-	t := ts.GetSeconds()*1e9 + int64(ts.GetNanos())
+	t := f.Time
 	if t < c.notBefore {
 		c.early.Add(1)
 		return true
 	}
-	node := f.GetNodeName()
+	node := f.NodeName
 	mark := c.lastMark
 	if mark == nil || node != c.lastNode {
 		mark = c.marks[node]

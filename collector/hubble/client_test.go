@@ -51,7 +51,8 @@ func TestResumePoint(t *testing.T) {
 	mark := func(node string, at time.Time) {
 		f := flowOf(node, bertWorker, bertCoord, flowpb.Verdict_FORWARDED, eventTrace)
 		f.NodeName, f.Time = node, timestamppb.New(at)
-		c.seen(f)
+		x := FieldsOf(f)
+		c.seen(&x)
 	}
 	mark("a", t0.Add(10*time.Second))
 	mark("b", t0.Add(20*time.Second))
@@ -77,7 +78,8 @@ func TestResumePoint(t *testing.T) {
 	} {
 		f := flowOf(tc.node, bertWorker, bertCoord, flowpb.Verdict_FORWARDED, eventTrace)
 		f.NodeName, f.Time = tc.node, timestamppb.New(tc.at)
-		if got := c.seen(f); got != tc.skip {
+		x := FieldsOf(f)
+		if got := c.seen(&x); got != tc.skip {
 			t.Errorf("flow of %s at %v: skipped %v, want %v", tc.node, tc.at.Sub(t0), got, tc.skip)
 		}
 	}

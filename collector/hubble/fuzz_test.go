@@ -10,6 +10,7 @@ import (
 	"time"
 
 	flowpb "github.com/cilium/cilium/api/v1/flow"
+	observerpb "github.com/cilium/cilium/api/v1/observer"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/zonewatch/zonewatch/topology"
@@ -140,6 +141,51 @@ func FuzzClassify(f *testing.F) {
 		checkResult(t, fl, r)
 		if node != "" && r.Count != NotCounted && r.Node != node {
 			t.Fatalf("counted a flow of node %q on %q", r.Node, node)
+		}
+	})
+}
+
+// FuzzWireDecode decodes arbitrary bytes as a GetFlowsResponse with the
+// stream's wire decoder and with the generated one: where the generated
+// decoder takes the message, the wire decoder takes it too, agrees on
+// whether it is a flow, and reads every field zonewatch uses alike; the
+// classification of the two is the same. Whatever the generated decoder
+// refuses, the wire decoder must not panic on.
+func FuzzWireDecode(f *testing.F) {
+	for _, fl := range testFlows(f) {
+		data, err := proto.Marshal(responseOf(fl))
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(data)
+	}
+	for _, l := range seedLines(f) {
+		resp := &observerpb.GetFlowsResponse{}
+		if jsonOpts.Unmarshal(l, resp) != nil {
+			continue
+		}
+		if data, err := proto.Marshal(resp); err == nil {
+			f.Add(data)
+		}
+	}
+	x := indexOf(testScenario())
+	f.Fuzz(func(t *testing.T, data []byte) {
+		generatedOK, diff := agree(data)
+		if diff != "" {
+			t.Fatal(diff)
+		}
+		if !generatedOK {
+			return
+		}
+		got, ok, _ := DecodeResponse(data)
+		if !ok {
+			return
+		}
+		var resp observerpb.GetFlowsResponse
+		_ = proto.Unmarshal(data, &resp)
+		want := NewClassifier(x, "").Classify(resp.GetFlow())
+		if r := NewClassifier(x, "").ClassifyFields(&got); r != want {
+			t.Fatalf("classified differently:\n  wire      %+v\n  generated %+v", r, want)
 		}
 	})
 }

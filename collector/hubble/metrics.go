@@ -87,6 +87,9 @@ type Metrics struct {
 	// FieldMaskRefused counts servers' refusals of the field mask
 	// ("invalid fieldmask"); the client then asks for whole flows.
 	FieldMaskRefused prometheus.Counter
+	// Malformed and Unknown count the responses skipped: not a valid
+	// message, or of a response type the client does not know.
+	Malformed, Unknown prometheus.Counter
 }
 
 // NewMetrics creates the self metrics and registers them with reg (nil:
@@ -103,7 +106,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Help: "Counted flows with a side whose cluster address the topology index could not place (side=source|destination); internet peers are not unresolved."}, []string{"side"})
 	maskRefused := prometheus.NewCounter(prometheus.CounterOpts{Name: "zonewatch_hubble_field_mask_refused_total",
 		Help: "Times a Hubble server refused the field mask (invalid fieldmask: it lacks a Flow field the mask names); the client then receives whole flows."})
+	skipped := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "zonewatch_hubble_responses_skipped_total",
+		Help: "GetFlows responses received and skipped (reason=malformed: not a valid message; unknown: a response type the client does not know); their flows are not counted."}, []string{"reason"})
 	if reg != nil {
+		skipped = register(reg, skipped)
 		maskRefused = register(reg, maskRefused)
 		processed = register(reg, processed)
 		reconnects = register(reg, reconnects)
@@ -116,6 +122,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		UnresolvedDst: unresolved.WithLabelValues("destination"),
 	}
 	m.FieldMaskRefused = maskRefused
+	m.Malformed, m.Unknown = skipped.WithLabelValues("malformed"), skipped.WithLabelValues("unknown")
 	for i := range m.lost {
 		m.lost[i] = lost.WithLabelValues(lostSourceLabel(flowpb.LostEventSource(i)))
 	}
@@ -193,7 +200,13 @@ func NewAggregator(topo Topology, node string, grace time.Duration, m *Metrics) 
 // Observe classifies f and counts it. It does not allocate once the
 // series exist.
 func (a *Aggregator) Observe(f *flowpb.Flow) Result {
-	r := a.cls.Classify(f)
+	x := FieldsOf(f)
+	return a.ObserveFields(&x)
+}
+
+// ObserveFields classifies a flow's Fields and counts them.
+func (a *Aggregator) ObserveFields(f *Fields) Result {
+	r := a.cls.ClassifyFields(f)
 	a.m.Processed.Inc()
 	if r.Count == NotCounted {
 		return r
