@@ -32,8 +32,10 @@ type Result struct {
 	// counted where they were read (what reached the peer).
 	Payload map[string]int64
 	// Attempts and Failed count connection attempts and those that did not
-	// connect (dropped SYNs in a hard block).
+	// connect (dropped SYNs in a hard block); Errors counts the failures by
+	// error text.
 	Attempts, Failed int
+	Errors           map[string]int
 }
 
 // Server is a coordinator's rendezvous listener.
@@ -116,7 +118,7 @@ func (s *Server) Received(ip string) int64 {
 // first success) and, once connected, exchange the steps. Workers run
 // together; Run returns when all are done.
 func (e Exchange) Run(ctx context.Context, coordinator *Pod, workers []*Pod, attempts int) Result {
-	res := Result{Payload: map[string]int64{}}
+	res := Result{Payload: map[string]int64{}, Errors: map[string]int{}}
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	addr := net.JoinHostPort(coordinator.IP.String(), strconv.Itoa(RendezvousPort))
@@ -132,6 +134,7 @@ func (e Exchange) Run(ctx context.Context, coordinator *Pod, workers []*Pod, att
 				res.Attempts++
 				if err != nil {
 					res.Failed++
+					res.Errors[errText(err)]++
 				}
 				mu.Unlock()
 				if err == nil {
@@ -164,6 +167,15 @@ func (e Exchange) Run(ctx context.Context, coordinator *Pod, workers []*Pod, att
 	}
 	wg.Wait()
 	return res
+}
+
+// errText is an error without its addresses (ports vary).
+func errText(err error) string {
+	var op *net.OpError
+	if errors.As(err, &op) && op.Err != nil {
+		return op.Op + ": " + op.Err.Error()
+	}
+	return err.Error()
 }
 
 // String is one line per direction.
