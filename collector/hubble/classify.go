@@ -176,8 +176,8 @@ func (c *Classifier) ClassifyFields(f *Fields) Result {
 	var srcOK, dstOK bool
 	r.Src, srcOK = c.resolve(srcAddr, src)
 	r.Dst, dstOK = c.resolve(dstAddr, dst)
-	r.SrcUnresolved = !srcOK && !isWorld(src)
-	r.DstUnresolved = !dstOK && !isWorld(dst)
+	r.SrcUnresolved = !srcOK && !isWorld(src) && !linkScope(srcAddr)
+	r.DstUnresolved = !dstOK && !isWorld(dst) && !linkScope(dstAddr)
 	srcLocal := isLocal(r.Src, src, r.Node)
 	dstLocal := isLocal(r.Dst, dst, r.Node)
 	r.Direction = direction(f.Direction)
@@ -243,12 +243,16 @@ func peerOf(r *Result, src, dst *EndpointFields) (relation, namespace, workload 
 	if r.Src.Job != r.Job {
 		e, ep = r.Src, src
 	}
+	// The index first: an address it places (a pod, a node address, a
+	// pod CIDR with the cilium_host router) is the cluster's whatever
+	// identity Hubble gave it; Cilium v1.20 shows world (2) for a remote
+	// node's router address (docs/hubble.md).
 	switch {
 	case e.Job != nil:
 		return PeerCluster, e.Job.Namespace, e.Job.Name
+	case e.Known():
 	case isWorld(ep):
 		return PeerWorld, "", ""
-	case e.Known():
 	case !clusterIdentity(ep.Identity):
 		return PeerUnknown, "", ""
 	}
@@ -348,6 +352,15 @@ func parseAddr(s string) netip.Addr {
 	}
 	a, _ := netip.ParseAddr(s)
 	return a
+}
+
+// linkScope reports whether an address is link-local or multicast: the
+// addresses of one link (IPv6 neighbour discovery and MLD from fe80::
+// to ff02::, which Cilium drops as UNSUPPORTED_L3_PROTOCOL when its IPv6
+// is off; IPv4 169.254/16 and 224/4), no endpoint's place in the cluster.
+// Such a side is not unresolved.
+func linkScope(a netip.Addr) bool {
+	return a.IsLinkLocalUnicast() || a.IsMulticast()
 }
 
 // isLocal reports whether a side runs on the observing node. A side the

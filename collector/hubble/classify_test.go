@@ -5,6 +5,7 @@ import (
 	"time"
 
 	flowpb "github.com/cilium/cilium/api/v1/flow"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"google.golang.org/protobuf/types/known/timestamppb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
@@ -281,5 +282,80 @@ func TestClassifyDoesNotAllocate(t *testing.T) {
 		}
 	}); n != 0 {
 		t.Errorf("Observe allocates %v times per run once the series exist", n)
+	}
+}
+
+// Host addresses the index places are the cluster's, whatever identity
+// Hubble gave them: the drop of a connection from gpu-a1's cilium_host
+// router address, which Cilium v1.20.2 showed with the world identity in
+// the lab, is counted with gpu-a1's zone and peer "cluster", not "world".
+func TestPlacedHostAddressIsNotWorld(t *testing.T) {
+	agg := NewAggregator(indexOf(testScenario()), "gpu-b1", time.Minute, nil)
+	f := policyDrop("gpu-b1", podEP{"", "", "10.244.1.1", "gpu-a1"}, llmMaster)
+	f.Source = &flowpb.Endpoint{Identity: identityWorld, Labels: []string{"reserved:world"}}
+	r := agg.Observe(f)
+	if r.Peer != PeerCluster || r.Src.Zone != zoneA || r.Locality != topology.LocalityCrossZone || r.SrcUnresolved {
+		t.Errorf("router address of gpu-a1: %+v", r)
+	}
+	if n := agg.PeerDrops().Len(); n != 1 {
+		t.Fatalf("%d peer drop series", n)
+	}
+	agg.PeerDrops().Each(func(k PeerDropKey, _ float64) {
+		if k.Peer != PeerCluster {
+			t.Errorf("peer drop %+v", k)
+		}
+	})
+}
+
+// linkLocalDrop is a pod's IPv6 router solicitation as Cilium v1.20.2's
+// parser shows it when the agent runs with IPv6 off (bpf_lxc drops the
+// frame as DROP_UNKNOWN_L3, 139, with the pod's identity and no
+// destination identity): the link-local source is no endpoint's address,
+// so Hubble names no pod and gives no endpoint ID, and the direction comes
+// out as ingress (the drop's endpoint is not the source's ID 0).
+func linkLocalDrop(node string) *flowpb.Flow {
+	return &flowpb.Flow{
+		Time: timestamppb.New(t0), NodeName: "prod/" + node, Verdict: flowpb.Verdict_DROPPED,
+		DropReason: 139, DropReasonDesc: flowpb.DropReason_UNSUPPORTED_L3_PROTOCOL,
+		EventType:        &flowpb.CiliumEventType{Type: eventDrop, SubType: 139},
+		TrafficDirection: flowpb.TrafficDirection_INGRESS,
+		IP:               &flowpb.IP{Source: "fe80::5c1e:2dff:fe3a:9b41", Destination: "ff02::2", IpVersion: flowpb.IPVersion_IPv6},
+		L4:               &flowpb.Layer4{Protocol: &flowpb.Layer4_ICMPv6{ICMPv6: &flowpb.ICMPv6{Type: 133}}},
+		Source:           &flowpb.Endpoint{Identity: 30000, Labels: []string{"k8s:io.kubernetes.pod.namespace=ml-team"}},
+		Destination:      &flowpb.Endpoint{},
+	}
+}
+
+// Link-local and multicast addresses are no cluster address the index
+// could place: such a drop is counted as a drop but is not unresolved.
+func TestLinkLocalMulticastNotUnresolved(t *testing.T) {
+	agg := NewAggregator(indexOf(testScenario()), "gpu-a1", time.Minute, nil)
+	for _, f := range []*flowpb.Flow{
+		linkLocalDrop("gpu-a1"),
+		func() *flowpb.Flow { // MLD report to ff02::16
+			f := linkLocalDrop("gpu-a1")
+			f.IP.Destination, f.L4 = "ff02::16", &flowpb.Layer4{Protocol: &flowpb.Layer4_ICMPv6{ICMPv6: &flowpb.ICMPv6{Type: 143}}}
+			return f
+		}(),
+		func() *flowpb.Flow { // IPv4 link-local and multicast
+			f := linkLocalDrop("gpu-a1")
+			f.IP.Source, f.IP.Destination = "169.254.3.7", "224.0.0.251"
+			return f
+		}(),
+	} {
+		r := agg.Observe(f)
+		if r.Count != Dropped || r.SrcUnresolved || r.DstUnresolved {
+			t.Errorf("%s -> %s: %+v", f.GetIP().GetSource(), f.GetIP().GetDestination(), r)
+		}
+	}
+	m := agg.Metrics()
+	if s, d := testutil.ToFloat64(m.UnresolvedSrc), testutil.ToFloat64(m.UnresolvedDst); s != 0 || d != 0 {
+		t.Errorf("unresolved %v/%v, want 0", s, d)
+	}
+	// An address of the cluster's that the index cannot place still is.
+	f := linkLocalDrop("gpu-a1")
+	f.IP.Source = "10.250.0.9"
+	if r := agg.Observe(f); !r.SrcUnresolved {
+		t.Errorf("an unplaced cluster address: %+v", r)
 	}
 }

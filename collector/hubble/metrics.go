@@ -103,7 +103,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	lost := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "zonewatch_hubble_lost_events_total",
 		Help: "Flow events Hubble reported lost (lost_events), by the buffer they were lost in."}, []string{"buffer"})
 	unresolved := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "zonewatch_hubble_flows_unresolved_total",
-		Help: "Counted flows with a side whose cluster address the topology index could not place (side=source|destination); internet peers are not unresolved."}, []string{"side"})
+		Help: "Counted flows with a side whose cluster address the topology index could not place (side=source|destination); internet, link-local and multicast addresses are not unresolved."}, []string{"side"})
 	maskRefused := prometheus.NewCounter(prometheus.CounterOpts{Name: "zonewatch_hubble_field_mask_refused_total",
 		Help: "Times a Hubble server refused the field mask (invalid fieldmask: it lacks a Flow field the mask names); the client then receives whole flows."})
 	skipped := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "zonewatch_hubble_responses_skipped_total",

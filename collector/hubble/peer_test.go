@@ -60,6 +60,11 @@ func TestPeerRelation(t *testing.T) {
 		{"a node address (host)", withID(policyDrop("gpu-b1", podEP{"", "", "172.18.0.11", "gpu-a2"}, llmMaster), true, 6, ""), "llm-blocked", PeerCluster, "", ""},
 		{"remote-node scope, unknown address", withID(policyDrop("gpu-b1", outside, llmMaster), true, 2<<24|5, ""), "llm-blocked", PeerCluster, "", ""},
 		{"world", withID(policyDrop("gpu-b1", outside, llmMaster), true, identityWorldIPv4, ""), "llm-blocked", PeerWorld, "", ""},
+		// Cilium v1.20.2 in the lab (issue 26) gave a remote node's
+		// cilium_host router address (in its pod CIDR) the world identity:
+		// the index places it, so it is the cluster's.
+		{"a router address the index places, with the world identity", withID(policyDrop("gpu-b1", podEP{"", "", "10.244.1.1", "gpu-a1"}, llmMaster), true, identityWorld, ""), "llm-blocked", PeerCluster, "", ""},
+		{"a node address the index places, with the world identity", withID(policyDrop("gpu-b1", podEP{"", "", "172.18.0.11", "gpu-a2"}, llmMaster), true, identityWorldIPv4, ""), "llm-blocked", PeerCluster, "", ""},
 		{"world by label", func() *flowpb.Flow {
 			f := withID(policyDrop("gpu-b1", outside, llmMaster), true, 0, "")
 			f.Source.Labels = []string{"reserved:world"}
