@@ -125,16 +125,18 @@ func TestExporterPrivileges(t *testing.T) {
 		name string
 		sc   testenv.SecurityContext
 		want map[string]string
-		// log says what the user sees when a source is down
-		log string
+		// log and log2 say what the user sees when a source is down
+		log, log2 string
 	}{
-		{"chart", chart, map[string]string{"kubernetes": "1", "hubble": "1", "podresources": "1", "conntrack": "1"}, ""},
+		{"chart", chart, map[string]string{"kubernetes": "1", "hubble": "1", "podresources": "1", "conntrack": "1"}, "", ""},
 		{"chart without CAP_BPF", chart.Without("BPF"), map[string]string{"kubernetes": "1", "hubble": "1", "podresources": "1", "conntrack": noBPF},
-			noBPFLog},
+			noBPFLog, ""},
 		{"nobody with the socket group", withGroup, map[string]string{"kubernetes": "1", "hubble": "1", "podresources": "0", "conntrack": "0"},
-			"not allowed to read BPF maps: run the exporter as root with capability BPF"},
+			"not allowed to read BPF maps: run the exporter as root with capability BPF",
+			`msg="permission denied on a host socket: the kubelet's PodResources socket is root's`},
 		{"nobody", nobody, map[string]string{"kubernetes": "1", "hubble": "0", "podresources": "0", "conntrack": "0"},
-			"not allowed to read BPF maps: run the exporter as root with capability BPF"},
+			"not allowed to read BPF maps: run the exporter as root with capability BPF",
+			`msg="permission denied on a host socket: the Hubble socket is root's, mode 0660, group cilium where that group exists: run as root, or set the chart's hubble.socketGroup to that group's gid" component=hubble starved_source=hubble`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			addr := "127.0.0.1:" + strconv.Itoa(testenv.FreePort(t))
@@ -148,8 +150,13 @@ func TestExporterPrivileges(t *testing.T) {
 			e := runningExporter{addr: addr, log: filepath.Join(c.dir, name+".log")}
 			e.waitSources(t, tc.want)
 			logs, _ := os.ReadFile(e.log)
-			if tc.log != "" && !strings.Contains(string(logs), tc.log) {
-				t.Errorf("the exporter log lacks %q:\n%s", tc.log, logs)
+			for _, want := range []string{tc.log, tc.log2} {
+				if want != "" && !strings.Contains(string(logs), want) {
+					t.Errorf("the exporter log lacks %q:\n%s", want, logs)
+				}
+			}
+			if tc.log2 == "" && strings.Contains(string(logs), "permission denied on a host socket") {
+				t.Errorf("a socket reported refused as %s:\n%s", tc.sc, logs)
 			}
 			t.Logf("as %s: zonewatch_source_up %v", tc.sc, tc.want)
 			for _, l := range strings.Split(string(logs), "\n") {

@@ -184,6 +184,7 @@ func (p *gpuPart) wire(ctx context.Context, w *wiring, m *gpu.Metrics, src gpu.S
 
 	var allocs gpu.Getter[*gpu.Allocations]
 	if socket != "" {
+		checkSocket(w.logger, "podresources", socket, "the kubelet's PodResources socket is root's (mode 0755 under its umask): run as root (the chart does while gpu.podResources.enabled)")
 		pr, err := gpu.DialPodResources(socket, filter, m.Skipped.WithLabelValues("podresources"))
 		if err != nil {
 			return err
