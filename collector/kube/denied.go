@@ -61,13 +61,6 @@ func (d *Denials) Note(gr schema.GroupResource, err error) bool {
 	return true
 }
 
-// Denied reports whether any resource of this source was refused.
-func (d *Denials) Denied() bool {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return len(d.denied) > 0
-}
-
 // forbiddenMessage is how the apiserver words an RBAC denial
 // (staging/src/k8s.io/apiserver/pkg/endpoints/handlers/responsewriters
 // forbiddenMessage): `User "u" cannot list resource "pods" in API group ""
