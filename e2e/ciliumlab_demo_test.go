@@ -22,7 +22,7 @@ func TestCiliumLabDemo(t *testing.T) {
 	if os.Getenv("ZONEWATCH_DEMO") == "" {
 		t.Skip("the demo runs only from `make demo` (ZONEWATCH_DEMO=1): it waits for Ctrl-C")
 	}
-	step := func(format string, args ...any) { t.Logf("==> "+format, args...) }
+	step := func(format string, args ...any) { t.Helper(); t.Logf("==> "+format, args...) }
 	interrupted, stopSignals := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stopSignals()
 	ctx, cancel := context.WithTimeout(interrupted, 30*time.Minute)
