@@ -148,6 +148,12 @@ func startCiliumLab(t *testing.T, relay bool) (*ciliumlab.Lab, *testenv.APIServe
 		if err := lab.Close(); err != nil {
 			t.Errorf("cleaning up the lab: %v", err)
 		}
+		if left, err := ciliumlab.Leftovers(lab.ID); err != nil || len(left) > 0 {
+			t.Errorf("the lab left %v (%v)", left, err)
+		}
+		if pids := lab.Processes(); len(pids) > 0 {
+			t.Errorf("the lab left processes %v", pids)
+		}
 	})
 	return lab, api, tools
 }

@@ -65,6 +65,9 @@ type Config struct {
 	Relay bool
 	// Logf receives the lab's progress lines; nil discards them.
 	Logf func(format string, args ...any)
+	// ID names everything the lab makes (zwl<ID>...): up to 4 letters or
+	// digits; empty picks a random one.
+	ID string
 }
 
 // Lab is a running set of nodes.
@@ -85,6 +88,7 @@ type Lab struct {
 
 	mu       sync.Mutex
 	undo     []undoStep
+	procs    []*Proc
 	pods     map[string]*Pod
 	lockFile *os.File
 }
@@ -127,9 +131,16 @@ func Start(ctx context.Context, cfg Config) (l *Lab, err error) {
 			return nil, fmt.Errorf("the lab needs %s (iproute2, util-linux): %w", b, err)
 		}
 	}
-	idb := make([]byte, 2)
-	_, _ = rand.Read(idb)
-	l = &Lab{cfg: cfg, ID: hex.EncodeToString(idb), pods: map[string]*Pod{}}
+	id := cfg.ID
+	if id == "" {
+		idb := make([]byte, 2)
+		_, _ = rand.Read(idb)
+		id = hex.EncodeToString(idb)
+	}
+	if len(id) > 4 {
+		return nil, fmt.Errorf("lab id %q: at most 4 characters (interface names)", id)
+	}
+	l = &Lab{cfg: cfg, ID: id, pods: map[string]*Pod{}}
 	l.Bridge = "zwl" + l.ID
 	l.HostIP = bridgeNet.Addr()
 	defer func() {
@@ -341,4 +352,55 @@ contexts:
 current-context: lab
 `, l.APIAddr, token)
 	return path, os.WriteFile(path, []byte(kc), 0o600)
+}
+
+// Leftovers lists what a lab with this id left on the machine: network
+// namespaces, links and cgroups named after it. Empty after Close.
+func Leftovers(id string) ([]string, error) {
+	prefix := "zwl" + id
+	var out []string
+	ns, err := os.ReadDir("/run/netns")
+	if err != nil && !os.IsNotExist(err) {
+		return nil, err
+	}
+	for _, e := range ns {
+		if strings.HasPrefix(e.Name(), prefix) {
+			out = append(out, "netns "+e.Name())
+		}
+	}
+	ifs, err := net.Interfaces()
+	if err != nil {
+		return nil, err
+	}
+	for _, i := range ifs {
+		if strings.HasPrefix(i.Name, prefix) {
+			out = append(out, "link "+i.Name)
+		}
+	}
+	if root, err := cgroup2Root(); err == nil {
+		cgs, err := os.ReadDir(root)
+		if err != nil {
+			return nil, err
+		}
+		for _, e := range cgs {
+			if strings.HasPrefix(e.Name(), prefix) {
+				out = append(out, "cgroup "+filepath.Join(root, e.Name()))
+			}
+		}
+	}
+	return out, nil
+}
+
+// Processes lists the lab's processes that have not ended (the nodes'
+// namespace holders and everything started in them), by pid.
+func (l *Lab) Processes() []int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []int
+	for _, p := range l.procs {
+		if ok, _ := p.Exited(); !ok {
+			out = append(out, p.Cmd.Process.Pid)
+		}
+	}
+	return out
 }

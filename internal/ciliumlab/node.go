@@ -53,6 +53,12 @@ type Proc struct {
 	err  error
 }
 
+func (l *Lab) track(p *Proc) {
+	l.mu.Lock()
+	l.procs = append(l.procs, p)
+	l.mu.Unlock()
+}
+
 // Exited reports whether the process ended, and its error.
 func (p *Proc) Exited() (bool, error) {
 	select {
@@ -183,6 +189,7 @@ func (l *Lab) addNode(ctx context.Context, i int, spec NodeSpec) (*Node, error) 
 	n.holder = holder
 	held := make(chan struct{})
 	go func() { _ = holder.Wait(); close(held) }()
+	l.track(&Proc{Name: "holder of " + n.Name, Cmd: holder, done: held})
 	l.onUndo("mount namespace of "+n.Name, func() error {
 		_ = syscall.Kill(-holder.Process.Pid, syscall.SIGKILL)
 		<-held
@@ -274,6 +281,7 @@ func (n *Node) start(name string, env []string, bin string, args ...string) (*Pr
 	}
 	p := &Proc{Name: name, Cmd: cmd, Log: logPath, done: make(chan struct{})}
 	go func() { p.err = cmd.Wait(); logf.Close(); close(p.done) }()
+	n.lab.track(p)
 	return p, nil
 }
 
