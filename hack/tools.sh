@@ -7,6 +7,9 @@
 # --release also builds the release tools (SBOM generator, crane).
 #
 # Prints the tools folder on its last line of stdout.
+# The whole script is one compound command, parsed before it runs: an edit
+# to this file while a (cold, long) run is in progress cannot break it.
+{
 set -euo pipefail
 
 K8S_VERSION=v1.37.2
@@ -227,3 +230,5 @@ ln -sf "$tools/prometheus-operator-$PROMETHEUS_OPERATOR_VERSION/operator" "$tool
 ln -sfn "$tools/cilium-$CILIUM_VERSION" "$tools/bin/cilium"
 log "ready in $tools/bin"
 echo "$tools/bin"
+exit
+}
