@@ -544,6 +544,36 @@ func tcpFlags(f *flowpb.TCPFlags) string {
 	return strings.Join(out, "|")
 }
 
+// strangers lists, from a node's Hubble ring, the flows (trace and drop
+// events) with an address that is not in known, by what they are.
+func strangers(t *testing.T, n *ciliumlab.Node, known map[string]bool) map[string]int {
+	t.Helper()
+	out := map[string]int{}
+	conn, err := grpc.NewClient("unix://"+n.Path("/run/cilium/hubble.sock"), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	stream, err := observerpb.NewObserverClient(conn).GetFlows(ctx, &observerpb.GetFlowsRequest{Number: 100000, First: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		resp, err := stream.Recv()
+		if err != nil {
+			return out
+		}
+		f := resp.GetFlow()
+		if f == nil || (known[f.GetIP().GetSource()] && known[f.GetIP().GetDestination()]) {
+			continue
+		}
+		out[fmt.Sprintf("%s(%v) -> %s(%v) %s %s type %d", f.GetIP().GetSource(), f.GetSource().GetIdentity(), f.GetIP().GetDestination(),
+			f.GetDestination().GetIdentity(), f.GetVerdict(), f.GetDropReasonDesc(), f.GetEventType().GetType())]++
+	}
+}
+
 // agentDrops is the sum of the agents' own policy drop counters
 // (cilium_drop_count_total, read from the datapath's metrics map at scrape
 // time) by reason.
@@ -915,6 +945,15 @@ func TestCiliumLab(t *testing.T) {
 	t.Run("nothing unplaced", func(t *testing.T) {
 		if u := sumExporters(t, addrs, "zonewatch_hubble_flows_unresolved_total", nil); u != 0 {
 			t.Errorf("zonewatch_hubble_flows_unresolved_total = %g, want 0: %v", u, seriesOf(t, addrs, "zonewatch_hubble_flows_unresolved_total", nil))
+			known := map[string]bool{}
+			for _, j := range []*labJob{blocked, slow, healthy} {
+				for _, p := range j.pods() {
+					known[p.IP.String()] = true
+				}
+			}
+			for _, n := range lab.Nodes {
+				t.Logf("%s: Hubble's flows with an address that is no job pod's: %v", n.Name, strangers(t, n, known))
+			}
 		}
 		if u := sumExporters(t, addrs, "zonewatch_conntrack_unattributed_bytes_total", map[string]string{"reason": "no_job"}); u != 0 {
 			t.Errorf("unattributed no_job bytes = %g, want 0: %v", u, seriesOf(t, addrs, "zonewatch_conntrack_unattributed_bytes_total", nil))
