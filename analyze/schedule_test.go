@@ -1,7 +1,6 @@
 package analyze
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -28,32 +27,55 @@ import (
 	"github.com/zonewatch/zonewatch/topology"
 )
 
-// The scheduling bed: the seed's cluster in each cell. us-east-1b's GPUs
-// hold the whole job (16 GPUs), us-east-1a's hold half of it, the CPU
-// nodes are in us-east-1c. GPU nodes are tainted as GPU clusters taint
-// them. The job: a CPU-only coordinator (where the controller has one) and
-// four workers of 4 GPUs.
-const (
-	smallZone, roomyZone, cpuZone = "us-east-1a", "us-east-1b", "us-east-1c"
-)
+// The scheduling bed: the seed's cluster in each cell. The roomy zone's
+// GPUs hold the whole job (16 GPUs), the small zone's hold half of it, the
+// CPU nodes are in a third zone. GPU nodes are tainted as GPU clusters
+// taint them. The job: a CPU-only coordinator (where the controller has
+// one) and four workers of 4 GPUs.
+//
+// kube-scheduler v1.37.2 does not break ties between nodes of equal score
+// at random: without extenders it leaves NodePluginScores.Randomizer at 0
+// (pkg/scheduler/schedule_one.go prioritizeNodes) and takes the first of
+// the equal nodes (framework/sorted_nodes.go), in its node list order:
+// zones round-robin in the order the zones appeared (backend/cache
+// node_tree.go), from a start index that moves only in clusters where it
+// stops searching early. So which zone a cluster registered first decides
+// where the first pod goes. Each cell has zones of its own, and the
+// repeats alternate which of its GPU zones is created first.
+type bed struct {
+	small, roomy, cpu string
+	nodes             []schedlab.Node
+}
 
-var bedSize = schedlab.Size{Workers: 4, WorkerGPUs: 4, WorkerCPU: "4", WorkerMem: "32Gi", CoordCPU: "2", CoordMem: "8Gi"}
-
-func bedNodes(cell string, gpuPerZone map[string]int) []schedlab.Node {
-	var nodes []schedlab.Node
+func newBed(cell string, roomyGPUNodes int, roomyFirst bool) bed {
+	b := bed{small: cell + "-us-east-1a", roomy: cell + "-us-east-1b", cpu: cell + "-us-east-1c"}
 	lbl := map[string]string{schedlab.LabelCell: cell}
-	for _, z := range []string{smallZone, roomyZone} {
-		for i := 0; i < gpuPerZone[z]; i++ {
-			nodes = append(nodes, schedlab.Node{Name: fmt.Sprintf("%s-gpu-%s-%d", cell, z[len(z)-1:], i), Zone: z, Region: "us-east-1",
-				CPU: "32", Memory: "256Gi", GPUs: 8, Labels: lbl, Taints: []corev1.Taint{schedlab.GPUTaint}})
-		}
+	gpu := func(zone string, i int) schedlab.Node {
+		return schedlab.Node{Name: fmt.Sprintf("%s-gpu-%s-%d", cell, zone[len(zone)-1:], i), Zone: zone, Region: "us-east-1",
+			CPU: "32", Memory: "256Gi", GPUs: 8, Labels: lbl, Taints: []corev1.Taint{schedlab.GPUTaint}}
+	}
+	small := []schedlab.Node{gpu(b.small, 0)}
+	var roomy []schedlab.Node
+	for i := 0; i < roomyGPUNodes; i++ {
+		roomy = append(roomy, gpu(b.roomy, i))
+	}
+	if roomyFirst {
+		b.nodes = append(roomy, small...)
+	} else {
+		b.nodes = append(small, roomy...)
 	}
 	for i := 0; i < 2; i++ {
-		nodes = append(nodes, schedlab.Node{Name: fmt.Sprintf("%s-cpu-c-%d", cell, i), Zone: cpuZone, Region: "us-east-1",
+		b.nodes = append(b.nodes, schedlab.Node{Name: fmt.Sprintf("%s-cpu-c-%d", cell, i), Zone: b.cpu, Region: "us-east-1",
 			CPU: "64", Memory: "512Gi", Labels: lbl})
 	}
-	return nodes
+	return b
 }
+
+// settleGap separates two conditions on the same nodes: the scheduler's
+// cache drops the deleted pods a moment after our informer does.
+var settleGap = time.Second
+
+var bedSize = schedlab.Size{Workers: 4, WorkerGPUs: 4, WorkerCPU: "4", WorkerMem: "32Gi", CoordCPU: "2", CoordMem: "8Gi"}
 
 // Creation orders that matter: the coordinator (rank 0 where every pod
 // has GPUs) scheduled before any worker exists, after every worker, and
@@ -83,8 +105,9 @@ func (o outcome) String() string {
 }
 
 // TestFixOnRealScheduler creates the pods of every controller shape as
-// the controller creates them, in each order, repeated (the scheduler
-// breaks ties at random), on the real kube-scheduler, without a fix, with
+// the controller creates them, in each order, repeated with either GPU
+// zone registered first (the scheduler gives ties to the first equal node,
+// see bed), on the real kube-scheduler, without a fix, with
 // the advice zonewatch gave before (a required self podAffinity), with
 // analyze's fix (computed from the dump of the unfixed run), with the YAML
 // of docs/runbooks.md, and with the opt-in admission policy; and logs
@@ -119,7 +142,7 @@ func TestFixOnRealScheduler(t *testing.T) {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
-					got, err := runCell(ctx, lab, name, shape, order, snippets)
+					got, err := runCell(ctx, lab, newBed(name, 2, r%2 == 1), name, shape, order, snippets)
 					if err != nil {
 						t.Errorf("%s %s (%s): %v", shape.Name, order, name, err)
 					}
@@ -147,7 +170,7 @@ func TestFixOnRealScheduler(t *testing.T) {
 	wg.Wait()
 
 	var b strings.Builder
-	fmt.Fprintf(&b, "placements on kube-scheduler, %d runs per row (one zone / split / pending):\n\n| shape | order |", reps)
+	fmt.Fprintf(&b, "placements on kube-scheduler, %d runs per row, alternating which GPU zone is registered first (one zone / split / pending):\n\n| shape | order |", reps)
 	for _, c := range conditions {
 		b.WriteString(" " + c + " |")
 	}
@@ -198,13 +221,12 @@ func summary(count map[string]int) string {
 }
 
 // runCell runs every condition for one job on its own nodes.
-func runCell(ctx context.Context, lab *schedlab.Lab, cell string, shape *schedlab.Shape, order string, snippets map[string]map[string]any) (map[string]outcome, error) {
-	nodes := bedNodes(cell, map[string]int{smallZone: 1, roomyZone: 2})
-	if err := lab.AddNodes(ctx, nodes...); err != nil {
+func runCell(ctx context.Context, lab *schedlab.Lab, b bed, cell string, shape *schedlab.Shape, order string, snippets map[string]string) (map[string]outcome, error) {
+	if err := lab.AddNodes(ctx, b.nodes...); err != nil {
 		return nil, err
 	}
 	zoneOf := map[string]string{}
-	for _, n := range nodes {
+	for _, n := range b.nodes {
 		zoneOf[n.Name] = n.Zone
 	}
 	job := shape.New("", "train", bedSize)
@@ -239,9 +261,9 @@ func runCell(ctx context.Context, lab *schedlab.Lab, cell string, shape *schedla
 			schedlab.Merge(j.Manifest, patch)
 		case "runbook YAML":
 			for _, tm := range j.Templates() {
-				schedlab.Merge(tm.T, deepCopyMap(snippets["every pod template"]))
+				schedlab.Merge(tm.T, snippet(snippets["every pod template"], b.roomy))
 				if !tm.GPU {
-					schedlab.Merge(tm.T, deepCopyMap(snippets["pod templates without GPUs"]))
+					schedlab.Merge(tm.T, snippet(snippets["pod templates without GPUs"], b.roomy))
 				}
 			}
 		}
@@ -275,8 +297,8 @@ func runCell(ctx context.Context, lab *schedlab.Lab, cell string, shape *schedla
 					return out, err
 				}
 				for _, c := range coords {
-					if z := zoneOf[p[c.Name]]; z != cpuZone {
-						return out, fmt.Errorf("without a fix the coordinator %s landed in %q, want %s", c.Name, z, cpuZone)
+					if z := zoneOf[p[c.Name]]; z != b.cpu {
+						return out, fmt.Errorf("without a fix the coordinator %s landed in %q, want %s", c.Name, z, b.cpu)
 					}
 				}
 			}
@@ -302,6 +324,7 @@ func runCell(ctx context.Context, lab *schedlab.Lab, cell string, shape *schedla
 		if err := lab.DeletePods(ctx, ns); err != nil {
 			return out, err
 		}
+		time.Sleep(settleGap)
 	}
 	return out, nil
 }
@@ -464,7 +487,7 @@ func analyzeFix(ctx context.Context, lab *schedlab.Lab, cell, ns string, j *sche
 // it, and the advice says so instead of pinning it.
 func noRoomCell(ctx context.Context, lab *schedlab.Lab) error {
 	const cell = "noroom"
-	if err := lab.AddNodes(ctx, bedNodes(cell, map[string]int{smallZone: 1, roomyZone: 1})...); err != nil {
+	if err := lab.AddNodes(ctx, newBed(cell, 1, false).nodes...); err != nil {
 		return err
 	}
 	shape := schedlab.Shapes()[0]
@@ -504,28 +527,34 @@ func noRoomCell(ctx context.Context, lab *schedlab.Lab) error {
 }
 
 // runbookSnippets reads the YAML blocks of docs/runbooks.md marked
-// `<!-- schedlab: NAME -->`, with ZONE set to the bed's zone with room.
-func runbookSnippets(t *testing.T) map[string]map[string]any {
+// `<!-- schedlab: NAME -->`.
+func runbookSnippets(t *testing.T) map[string]string {
 	b, err := os.ReadFile(filepath.Join("..", "docs", "runbooks.md"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	re := regexp.MustCompile("(?s)<!-- schedlab: ([A-Za-z ]+) -->\\s*```yaml\\n(.*?)```")
-	out := map[string]map[string]any{}
+	out := map[string]string{}
 	for _, m := range re.FindAllSubmatch(b, -1) {
 		var v map[string]any
-		y := bytes.ReplaceAll(m[2], []byte("ZONE"), []byte(roomyZone))
-		if err := yaml.Unmarshal(y, &v); err != nil {
+		if err := yaml.Unmarshal(m[2], &v); err != nil {
 			t.Fatalf("docs/runbooks.md block %q: %v", m[1], err)
 		}
-		out[string(m[1])] = v
+		out[string(m[1])] = string(m[2])
 	}
 	for _, name := range []string{"every pod template", "pod templates without GPUs"} {
-		if out[name] == nil {
+		if out[name] == "" {
 			t.Fatalf("docs/runbooks.md has no YAML block marked <!-- schedlab: %s -->", name)
 		}
 	}
 	return out
+}
+
+// snippet is a runbook block with ZONE set to the zone with room.
+func snippet(block, zone string) map[string]any {
+	var v map[string]any
+	_ = yaml.Unmarshal([]byte(strings.ReplaceAll(block, "ZONE", zone)), &v) // parsed once in runbookSnippets
+	return v
 }
 
 func deepCopyMap(m map[string]any) map[string]any {
