@@ -10,7 +10,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
-// kubeflow: Kubeflow Training Operator v1 (training-operator v1.9
+// kubeflow: Kubeflow Training Operator v1 (training-operator v1.9.0
 // pkg/controller.v1/common/pod.go): pods "<job>-<type>-<index>" owned by
 // the job, labelled with the job name, operator, replica type and index,
 // and job-role=master on the coordinator.
@@ -64,7 +64,7 @@ func kubeflow(name, kind, apiVersion, field, coord, operator string) *Shape {
 	return s
 }
 
-// mpiV2: mpi-operator v2beta1 (v0.6 pkg/controller/mpi_job_controller.go):
+// mpiV2: mpi-operator v2beta1 (v0.8.0 pkg/controller/mpi_job_controller.go):
 // workers are pods "<job>-worker-<i>" owned by the MPIJob; the launcher is
 // a batch Job "<job>-launcher" owned by the MPIJob, whose pod the Job
 // controller names "<job>-launcher-<random>" and labels with its own keys.
@@ -76,7 +76,7 @@ func mpiV2() *Shape {
 		mpi := ownerRef(apiVersion, "MPIJob", j.Name)
 		base := map[string]string{"training.kubeflow.org/operator-name": "mpi-operator", "training.kubeflow.org/job-name": j.Name}
 		launcher := j.Name + "-launcher"
-		lbl := map[string]string{"training.kubeflow.org/job-role": "launcher",
+		lbl := map[string]string{"training.kubeflow.org/job-role": "launcher", "training.kubeflow.org/replica-index": "0",
 			"batch.kubernetes.io/job-name": launcher, "job-name": launcher,
 			"batch.kubernetes.io/controller-uid": string(uid("Job", launcher)), "controller-uid": string(uid("Job", launcher))}
 		for k, v := range base {
@@ -105,7 +105,7 @@ func mpiV2() *Shape {
 	return s
 }
 
-// jobSetPods makes the pods of a JobSet spec (jobset v0.8
+// jobSetPods makes the pods of a JobSet spec (jobset v0.12.0
 // pkg/controllers/jobset_controller.go labelAndAnnotateObject): one batch
 // Job "<js>-<rjob>-<i>" per replica, Indexed, its pods labelled with the
 // JobSet keys and the completion index (label and annotation).
@@ -210,7 +210,7 @@ func torchRuntime(sz Size) map[string]any {
 	}}
 }
 
-// trainJob: Kubeflow Trainer v2 builds a JobSet "<trainjob>" from its
+// trainJob: Kubeflow Trainer v2.3.0 builds a JobSet "<trainjob>" from its
 // runtime, with spec.runtimePatches laid over the runtime's template.
 func trainJob() *Shape {
 	s := &Shape{Name: "TrainJob (JobSet)", Kind: "TrainJob", AllGPU: true}
@@ -238,7 +238,7 @@ func trainJob() *Shape {
 	return s
 }
 
-// lws: LeaderWorkerSet (lws v0.7): the leader "<lws>-<group>" of the
+// lws: LeaderWorkerSet (lws v0.10.0): the leader "<lws>-<group>" of the
 // leader StatefulSet, workers "<lws>-<group>-<i>" of the group's worker
 // StatefulSet; its pod webhook (pkg/webhooks/pod_webhook.go) labels them
 // and, with the exclusive-topology annotation, gives each pod a required
@@ -300,7 +300,7 @@ func exclusive(p *corev1.Pod, topologyKey, groupKey string) {
 	}}}
 }
 
-// volcano: a Volcano Job (volcano v1.15 pkg/controllers/job
+// volcano: a Volcano Job (volcano v1.15.0 pkg/controllers/job
 // job_controller_util.go): pods "<job>-<task>-<i>" owned by the Job,
 // labelled and annotated with the job and task names. Volcano's own
 // scheduler is not run: the job names the default scheduler
@@ -349,7 +349,7 @@ func volcano() *Shape {
 	return s
 }
 
-// rayJob: KubeRay v1.4 (rayjob_controller.go, common/pod.go labelPod): a
+// rayJob: KubeRay v1.7.0 (rayjob_controller.go, common/pod.go labelPod): a
 // RayCluster "<rayjob>-<random>" owned by the RayJob; its head and worker
 // pods carry the cluster, node type, group and originated-from labels.
 // The submitter Job comes once the cluster is ready and is left out.
@@ -406,7 +406,7 @@ func rayJob() *Shape {
 	return s
 }
 
-// indexedJob: a batch Job with completionMode Indexed (k8s v1.37
+// indexedJob: a batch Job with completionMode Indexed (k8s v1.37.2
 // pkg/controller/job): pods "<job>-<index>-<random>" with the job's labels
 // and the completion index as label and annotation.
 func indexedJob() *Shape {
