@@ -62,7 +62,7 @@ func NewLive(client kubernetes.Interface, index *topology.Index, rules []topolog
 	if err := l.denied.Watch(ni, schema.GroupResource{Resource: "nodes"}); err != nil {
 		return nil, nil, fmt.Errorf("node informer error handler: %w", err)
 	}
-	if _, err := ni.AddEventHandler(cache.ResourceEventHandlerFuncs{
+	nodes, err := ni.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(o any) { l.node(o) },
 		UpdateFunc: func(_, o any) { l.node(o) },
 		DeleteFunc: func(o any) {
@@ -70,10 +70,13 @@ func NewLive(client kubernetes.Interface, index *topology.Index, rules []topolog
 				index.DeleteNode(n.Name)
 			}
 		},
-	}); err != nil {
+	})
+	if err != nil {
 		return nil, nil, fmt.Errorf("node informer handler: %w", err)
 	}
-	l.synced = append(l.synced, ni.HasSynced)
+	// The handler's sync, not the informer's: the index holds every node
+	// and pod of the first list only once the handlers have run.
+	l.synced = append(l.synced, nodes.HasSynced)
 	factories = append(factories, nf)
 
 	strip := PodStripper(rules)
@@ -91,7 +94,7 @@ func NewLive(client kubernetes.Interface, index *topology.Index, rules []topolog
 		if err := pi.AddIndexers(cache.Indexers{controllerIndex: podByController}); err != nil {
 			return nil, nil, fmt.Errorf("pod informer index: %w", err)
 		}
-		if _, err := pi.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		reg, err := pi.AddEventHandler(cache.ResourceEventHandlerFuncs{
 			AddFunc:    func(o any) { l.pod(source, o) },
 			UpdateFunc: func(_, o any) { l.pod(source, o) },
 			DeleteFunc: func(o any) {
@@ -101,11 +104,12 @@ func NewLive(client kubernetes.Interface, index *topology.Index, rules []topolog
 					l.mu.Unlock()
 				}
 			},
-		}); err != nil {
+		})
+		if err != nil {
 			return nil, nil, fmt.Errorf("pod informer handler: %w", err)
 		}
 		l.pods = append(l.pods, pi)
-		l.synced = append(l.synced, pi.HasSynced)
+		l.synced = append(l.synced, reg.HasSynced)
 		factories = append(factories, pf)
 	}
 	return l, factories, nil
