@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"strings"
 	"syscall"
 	"time"
@@ -229,9 +230,16 @@ func run(ctx context.Context, args []string) int {
 		placement = collector.NewPlacement(w.index, w.nodeName)
 	}
 	go func() {
-		if err := live.Run(ctx, factories); err != nil && ctx.Err() == nil {
-			logger.Error("kubernetes feed", "err", err)
+		if err := live.Run(ctx, factories); err != nil {
+			if ctx.Err() == nil {
+				logger.Error("kubernetes feed", "err", err)
+			}
+			return
 		}
+		// The first lists are garbage once the informers hold their
+		// stripped objects: return those pages now, not at the
+		// scavenger's pace (docs/performance.md, Memory).
+		debug.FreeOSMemory()
 	}()
 
 	for _, p := range parts {

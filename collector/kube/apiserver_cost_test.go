@@ -258,53 +258,138 @@ func TestAPIServerCost(t *testing.T) {
 
 	// The exporter process itself on this cluster, Relay mode (every
 	// node's jobs) and DaemonSet mode (one node's), from its own
-	// process_* and go_* metrics after sync and 20 scrapes.
+	// process_* and go_* metrics and /proc after sync and 20 scrapes; each
+	// mode as the chart runs it and with the variants of
+	// ZONEWATCH_APISERVER_COST_ENV ("GOMEMLIMIT=40MiB;GOGC=50,GOMEMLIMIT=40MiB":
+	// variants split by ';', settings by ','), and other builds of the
+	// exporter to compare with ZONEWATCH_APISERVER_COST_BINS
+	// ("name=/path;...").
 	bin := filepath.Join(t.TempDir(), "zonewatch-exporter")
 	build := exec.Command("go", "build", "-o", bin, "./cmd/exporter")
 	build.Dir = filepath.Join("..", "..")
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
-	for _, node := range []string{"", "node-0007"} {
-		addr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
-		testenv.Start(t, t.TempDir(), "exporter", bin, "--kubeconfig="+api.Kubeconfig, "--node-name="+node,
-			"--web.listen-address="+addr, "--no-hubble.enabled", "--gpu.source=none", "--no-conntrack.enabled", "--no-probe.enabled")
-		deadline := time.Now().Add(60 * time.Second)
-		for {
-			res, err := http.Get("http://" + addr + "/readyz")
-			if err == nil {
-				res.Body.Close()
-				if res.StatusCode == 200 {
-					break
-				}
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("exporter (node %q) not ready", node)
-			}
-			time.Sleep(200 * time.Millisecond)
+	variants := []string{""}
+	if v := os.Getenv("ZONEWATCH_APISERVER_COST_ENV"); v != "" {
+		variants = append(variants, strings.Split(v, ";")...)
+	}
+	bins := [][2]string{{"this tree", bin}}
+	for _, nb := range strings.Split(os.Getenv("ZONEWATCH_APISERVER_COST_BINS"), ";") {
+		if name, path, ok := strings.Cut(nb, "="); ok {
+			bins = append(bins, [2]string{name, path})
 		}
-		var page []byte
-		for range 20 {
-			res, err := http.Get("http://" + addr + "/metrics")
-			if err != nil {
-				t.Fatal(err)
+	}
+	for _, b := range bins {
+		if st, err := os.Stat(b[1]); err == nil {
+			t.Logf("exporter binary %q: %d bytes", b[0], st.Size())
+		}
+		for _, node := range []string{"", "node-0007"} {
+			for _, env := range variants {
+				runExporter(t, api, b[1], b[0], node, env)
 			}
-			page, _ = io.ReadAll(res.Body)
+		}
+	}
+}
+
+// runExporter runs the exporter binary on the test's cluster with the
+// settings of env ("K=V,K=V") and logs its memory after sync and 20
+// scrapes: the resident set and its parts (/proc: anonymous, file-backed
+// pages of the binary, the peak), and the Go runtime's own figures from
+// its go_* metrics (heap in use, idle and released, the next GC's goal,
+// stacks, all the runtime holds).
+func runExporter(t *testing.T, api *testenv.APIServer, bin, build, node, env string) {
+	t.Helper()
+	for _, kv := range strings.Split(env, ",") {
+		if k, v, ok := strings.Cut(kv, "="); ok {
+			t.Setenv(k, v)
+			defer os.Unsetenv(k)
+		}
+	}
+	addr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
+	cmd := testenv.Start(t, t.TempDir(), "exporter", bin, "--kubeconfig="+api.Kubeconfig, "--node-name="+node,
+		"--web.listen-address="+addr, "--no-hubble.enabled", "--gpu.source=none", "--no-conntrack.enabled", "--no-probe.enabled")
+	defer func() { _ = cmd.Process.Kill() }()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		res, err := http.Get("http://" + addr + "/readyz")
+		if err == nil {
 			res.Body.Close()
-		}
-		metric := func(name string) string {
-			for _, line := range strings.Split(string(page), "\n") {
-				if strings.HasPrefix(line, name+" ") {
-					return strings.TrimPrefix(line, name+" ")
-				}
+			if res.StatusCode == 200 {
+				break
 			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("exporter (node %q) not ready", node)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	var page []byte
+	for range 20 {
+		res, err := http.Get("http://" + addr + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		page, _ = io.ReadAll(res.Body)
+		res.Body.Close()
+	}
+	metric := func(name string) string {
+		for _, line := range strings.Split(string(page), "\n") {
+			if strings.HasPrefix(line, name+" ") {
+				return strings.TrimPrefix(line, name+" ")
+			}
+		}
+		return "?"
+	}
+	mib := func(name string) string {
+		var v float64
+		if _, err := fmt.Sscan(metric(name), &v); err != nil {
 			return "?"
 		}
-		mode := "Relay (all nodes)"
-		if node != "" {
-			mode = "DaemonSet (" + node + ")"
-		}
-		t.Logf("exporter %s: process_resident_memory_bytes %s, go_memstats_heap_inuse_bytes %s, process_cpu_seconds_total %s (sync and 20 scrapes), page %d bytes",
-			mode, metric("process_resident_memory_bytes"), metric("go_memstats_heap_inuse_bytes"), metric("process_cpu_seconds_total"), len(page))
+		return fmt.Sprintf("%.1f", v/(1<<20))
 	}
+	status, _ := os.ReadFile(fmt.Sprintf("/proc/%d/status", cmd.Process.Pid))
+	// The pages it still uses: clear the referenced bits, scrape for 5 s,
+	// count the pages touched again (most of the binary's resident pages
+	// were touched once, at start and during the first sync).
+	referenced := "?"
+	if os.WriteFile(fmt.Sprintf("/proc/%d/clear_refs", cmd.Process.Pid), []byte("1"), 0) == nil {
+		for range 20 {
+			if res, err := http.Get("http://" + addr + "/metrics"); err == nil {
+				_, _ = io.Copy(io.Discard, res.Body)
+				res.Body.Close()
+			}
+			time.Sleep(250 * time.Millisecond)
+		}
+		rollup, _ := os.ReadFile(fmt.Sprintf("/proc/%d/smaps_rollup", cmd.Process.Pid))
+		for _, line := range strings.Split(string(rollup), "\n") {
+			if f, ok := strings.CutPrefix(line, "Referenced:"); ok {
+				var kb float64
+				fmt.Sscan(f, &kb)
+				referenced = fmt.Sprintf("%.1f", kb/1024)
+			}
+		}
+	}
+	proc := func(field string) string {
+		for _, line := range strings.Split(string(status), "\n") {
+			if f, ok := strings.CutPrefix(line, field+":"); ok {
+				var kb float64
+				fmt.Sscan(f, &kb)
+				return fmt.Sprintf("%.1f", kb/1024)
+			}
+		}
+		return "?"
+	}
+	mode := "Relay (all nodes)"
+	if node != "" {
+		mode = "DaemonSet (" + node + ")"
+	}
+	if env == "" {
+		env = "chart env"
+	}
+	t.Logf("exporter (%s) %s, %s: RSS %s MiB (anon %s, file %s, peak %s, referenced in 5 s of scrapes %s); Go heap in use %s, idle %s, released %s, next GC %s, stacks %s, runtime total %s MiB; CPU %s s (sync and 20 scrapes); page %d bytes",
+		build, mode, env, proc("VmRSS"), proc("RssAnon"), proc("RssFile"), proc("VmHWM"), referenced,
+		mib("go_memstats_heap_inuse_bytes"), mib("go_memstats_heap_idle_bytes"), mib("go_memstats_heap_released_bytes"),
+		mib("go_memstats_next_gc_bytes"), mib("go_memstats_stack_inuse_bytes"), mib("go_memstats_sys_bytes"),
+		metric("process_cpu_seconds_total"), len(page))
 }
