@@ -154,10 +154,14 @@ func Start(ctx context.Context, cfg Config) (l *Lab, err error) {
 	if err := l.lock(ctx); err != nil {
 		return l, err
 	}
-	if l.Client, err = kubernetes.NewForConfig(cfg.API); err != nil {
+	// Cilium's CRDs use the schema format idn-hostname, which the
+	// apiserver answers with a warning on each create: not ours to act on.
+	api := rest.CopyConfig(cfg.API)
+	api.WarningHandler = rest.NoWarnings{}
+	if l.Client, err = kubernetes.NewForConfig(api); err != nil {
 		return l, err
 	}
-	if l.Dynamic, err = dynamic.NewForConfig(cfg.API); err != nil {
+	if l.Dynamic, err = dynamic.NewForConfig(api); err != nil {
 		return l, err
 	}
 	if err := l.startBridge(ctx); err != nil {
