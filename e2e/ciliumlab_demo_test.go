@@ -88,6 +88,15 @@ func TestCiliumLabDemo(t *testing.T) {
 	page, _, _ := hook.find("/pager", firing)
 	step("PAGE: %s\n    %s", page.Annotations["summary"], page.Annotations["description"])
 
+	warning := alertIs(rules.AlertCrossZoneSlowdown, "firing", "namespace", sc.slow.ns, "job_name", sc.slow.name)
+	if eventually(t, 3*time.Minute, "the slowdown warning", func() (bool, string) {
+		_, _, ok := hook.find("/tickets", warning)
+		return ok, fmt.Sprintf("%d notifications so far", len(hook.all()))
+	}) {
+		w, _, _ := hook.find("/tickets", warning)
+		step("WARNING: %s\n    %s", w.Annotations["summary"], w.Annotations["description"])
+	}
+
 	step("the fix: llm-blocked recreated with every pod in %s", zoneA)
 	stops[0]()
 	sc.fix(ctx, t, lab, gpus)

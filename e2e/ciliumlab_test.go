@@ -257,12 +257,21 @@ func startLabScenario(ctx context.Context, t *testing.T, lab *ciliumlab.Lab) *la
 	return sc
 }
 
-// simulateGPUs gives the jobs' pods simulated GPUs: the blocked job's
-// idle (waiting on the rendezvous), the others busy.
+// The simulated GPUs of the lab's jobs, as sim.Default has them: the
+// blocked job's idle (waiting on the rendezvous), the cross-zone job's
+// busy by GPU_UTIL with little SM activity (NCCL spinning on the network),
+// the co-located job's training.
+var (
+	gpuIdle     = sim.Behaviour{GPUUtil: 0.01}
+	gpuSpinning = sim.Behaviour{GPUUtil: 0.96, SMActive: 0.12, TensorActive: 0.05}
+	gpuTraining = sim.Behaviour{GPUUtil: 0.93, SMActive: 0.81, TensorActive: 0.55}
+)
+
+// simulateGPUs gives the jobs' pods simulated GPUs.
 func (sc *labScenario) simulateGPUs(g *labGPUs) {
-	g.setJob(sc.blocked, 0.01)
-	g.setJob(sc.slow, 0.9)
-	g.setJob(sc.healthy, 0.93)
+	g.setJob(sc.blocked, gpuIdle)
+	g.setJob(sc.slow, gpuSpinning)
+	g.setJob(sc.healthy, gpuTraining)
 }
 
 // fix recreates the blocked job in the workers' zone (what podAffinity on
@@ -275,7 +284,7 @@ func (sc *labScenario) fix(ctx context.Context, t *testing.T, lab *ciliumlab.Lab
 		}
 	}
 	sc.blocked = addPyTorchJob(ctx, t, lab, sc.blocked.ns, sc.blocked.name, "gpu-a2", "gpu-a1", "gpu-a1")
-	gpus.setJob(sc.blocked, 0.93)
+	gpus.setJob(sc.blocked, gpuTraining)
 }
 
 // loop runs the job's exchange again and again until ctx ends and returns
@@ -374,10 +383,10 @@ func (g *labGPUs) args(node *ciliumlab.Node) map[string]string {
 	}
 }
 
-// setJob gives each of the job's pods on a GPU node two GPUs reading
-// utilization util (replacing the job's earlier pods), and tells every
-// kubelet PodResources fake.
-func (g *labGPUs) setJob(j *labJob, util float64) {
+// setJob gives each of the job's pods on a GPU node two GPUs behaving as
+// b (replacing the job's earlier pods), and tells every kubelet
+// PodResources fake.
+func (g *labGPUs) setJob(j *labJob, b sim.Behaviour) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.s.Jobs = slices.DeleteFunc(g.s.Jobs, func(x sim.Job) bool { return x.Namespace == j.ns && x.Name == j.name })
@@ -389,7 +398,7 @@ func (g *labGPUs) setJob(j *labJob, util float64) {
 			}
 		}
 	}
-	job := sim.Job{Namespace: j.ns, Name: j.name, Kind: "PyTorchJob", Behaviour: sim.Behaviour{GPUUtil: util, SMActive: util * 0.8, TensorActive: util * 0.5}}
+	job := sim.Job{Namespace: j.ns, Name: j.name, Kind: "PyTorchJob", Behaviour: b}
 	for _, p := range j.pods() {
 		sp := sim.Pod{Namespace: j.ns, Name: p.Spec.Name, Node: p.Node.Name, IP: p.IP}
 		for _, n := range g.s.Nodes {
@@ -985,7 +994,12 @@ func TestCiliumLab(t *testing.T) {
 		}) {
 			return
 		}
-		// The workers keep retrying the rendezvous, as torchrun does.
+		// The cross-zone job keeps training (symptom 2 needs its traffic
+		// in the 5m rates); the blocked workers keep retrying the
+		// rendezvous, as torchrun does.
+		training, stopTraining := context.WithCancel(ctx)
+		trainedSlow := slow.loop(training, ex)
+		defer func() { stopTraining(); <-trainedSlow }()
 		retry, stop := context.WithCancel(ctx)
 		retried := blocked.loop(retry, ex)
 		defer func() {
@@ -1008,6 +1022,19 @@ func TestCiliumLab(t *testing.T) {
 		for _, want := range []string{blocked.ns + "/" + blocked.name, zoneA, zoneB, "policy ml-team/zone-isolation"} {
 			if !strings.Contains(page.Annotations["description"], want) {
 				t.Errorf("page description does not name %q", want)
+			}
+		}
+		warning := alertIs(rules.AlertCrossZoneSlowdown, "firing", "namespace", slow.ns, "job_name", slow.name)
+		if eventually(t, 2*time.Minute, rules.AlertCrossZoneSlowdown+" for "+slow.name+" at the tickets", func() (bool, string) {
+			_, _, ok := hook.find("/tickets", warning)
+			return ok, fmt.Sprintf("%d notifications so far", len(hook.all()))
+		}) {
+			w, _, _ := hook.find("/tickets", warning)
+			t.Logf("warning: %s | %s", w.Annotations["summary"], w.Annotations["description"])
+		}
+		for _, j := range []*labJob{healthy, slow} {
+			if a, _, ok := hook.find("", alertIs(rules.AlertIdleGPUSplitJob, "firing", "namespace", j.ns, "job_name", j.name)); ok {
+				t.Errorf("%s/%s paged: %v", j.ns, j.name, a.Labels)
 			}
 		}
 		stop()
