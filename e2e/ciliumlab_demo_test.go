@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/signal"
 	"sort"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -28,10 +29,15 @@ func TestCiliumLabDemo(t *testing.T) {
 	ctx, cancel := context.WithTimeout(interrupted, 30*time.Minute)
 	defer cancel()
 
-	step("starting etcd, kube-apiserver and four real cilium-agent v1.20.2, one per node, each node a network and mount namespace (VXLAN between them)")
+	step("starting etcd, kube-apiserver, the real kube-scheduler v1.37.2 and four real cilium-agent v1.20.2, one per node, each node a network and mount namespace (VXLAN between them)")
 	lab, api, tools := startCiliumLab(t, false)
-	for _, n := range lab.Nodes {
-		step("node %s in %s: %s, pods from %s", n.Name, n.Zone, n.IP, n.PodCIDR)
+	for _, spec := range labNodes {
+		n := lab.Node(spec.Name)
+		what := fmt.Sprintf("%s CPUs, %s memory", spec.CPU, spec.Memory)
+		if spec.GPUs > 0 {
+			what += fmt.Sprintf(", %d GPUs (nvidia.com/gpu), tainted %s=%s:%s", spec.GPUs, spec.Taints[0].Key, spec.Taints[0].Value, spec.Taints[0].Effect)
+		}
+		step("node %s in %s: %s, pods from %s; %s", n.Name, n.Zone, n.IP, n.PodCIDR, what)
 	}
 	step("lab up in %s", lab.StartTime.Round(time.Millisecond))
 
@@ -41,13 +47,19 @@ func TestCiliumLabDemo(t *testing.T) {
 	addrs := startLabExporters(t, lab, api, gpus)
 
 	step("applying the zone fence ml-team/zone-isolation (ml-team pods accept only their own zone) and three PyTorchJobs, pods wired by cilium-cni")
+	step("bert-slow and resnet-healthy are placed by the lab; llm-blocked is this PyTorchJob, its pods created unbound as the training operator creates them and placed by kube-scheduler:\n%s", blockedJobYAML)
 	sc := startLabScenario(ctx, t, lab)
 	sc.simulateGPUs(gpus)
 	for _, j := range []*labJob{sc.blocked, sc.slow, sc.healthy} {
 		for _, p := range j.pods() {
-			step("  %s on %s (%s): %s", p.Ref(), p.Node.Name, p.Node.Zone, p.IP)
+			by := "placed by the lab"
+			if p.ScheduledBy != "" {
+				by = p.ScheduledBy + ": " + p.Scheduled
+			}
+			step("  %s on %s (%s): %s (%s)", p.Ref(), p.Node.Name, p.Node.Zone, p.IP, by)
 		}
 	}
+	step("the seed's split: nothing in llm-blocked keeps it in one zone, so the scheduler's default scoring (least allocated) put the CPU-only master on the big CPU node in %s (its toleration permits the GPU nodes, it does not attract it) and the GPU workers in %s, where the free GPUs are", zoneB, zoneA)
 	dir := t.TempDir()
 	hook := newWebhook(t)
 	amAddr := startAlertmanager(t, tools, dir, hook.url)
@@ -97,9 +109,14 @@ func TestCiliumLabDemo(t *testing.T) {
 		step("WARNING: %s\n    %s", w.Annotations["summary"], w.Annotations["description"])
 	}
 
-	step("the fix: llm-blocked recreated with every pod in %s", zoneA)
+	step("the fix: what zonewatch's analyze prints for llm-blocked, run on the lab's nodes and pods")
 	stops[0]()
-	sc.fix(ctx, t, lab, gpus)
+	fix, cmd := sc.fix(ctx, t, lab, gpus, dir)
+	step("$ %s\n    Fix:\n%s", cmd, indent(fix, "      "))
+	step("added to llm-blocked's manifest; its pods deleted and re-created from it; kube-scheduler placed every one in %s:", sc.blocked.zones()[0])
+	for _, p := range sc.blocked.pods() {
+		step("  %s on %s (%s): %s (%s: %s)", p.Ref(), p.Node.Name, p.Node.Zone, p.IP, p.ScheduledBy, p.Scheduled)
+	}
 	if _, err := sc.blocked.coordinator.Serve(ex.Up, ex.Down); err != nil {
 		t.Fatal(err)
 	}
@@ -125,4 +142,8 @@ func TestCiliumLabDemo(t *testing.T) {
 	}
 	<-ctx.Done()
 	step("stopping: every process, namespace, link and mount the lab made is removed")
+}
+
+func indent(s, prefix string) string {
+	return prefix + strings.ReplaceAll(strings.TrimRight(s, "\n"), "\n", "\n"+prefix)
 }

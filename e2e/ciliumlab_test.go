@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"maps"
 	"net"
 	"net/http"
 	"net/netip"
@@ -28,6 +29,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/zonewatch/zonewatch/internal/ciliumlab"
+	"github.com/zonewatch/zonewatch/internal/schedlab"
 	"github.com/zonewatch/zonewatch/internal/testenv"
 	"github.com/zonewatch/zonewatch/rules"
 	"github.com/zonewatch/zonewatch/sim"
@@ -44,8 +46,10 @@ const (
 )
 
 var labNodes = []ciliumlab.NodeSpec{
-	{Name: "gpu-a1", Zone: zoneA}, {Name: "gpu-a2", Zone: zoneA},
-	{Name: "cpu-b1", Zone: zoneB}, {Name: "gpu-c1", Zone: zoneC},
+	{Name: "gpu-a1", Zone: zoneA, CPU: "32", Memory: "256Gi", GPUs: 8, Labels: gpuNodeLabels, Taints: gpuTaints},
+	{Name: "gpu-a2", Zone: zoneA, CPU: "32", Memory: "256Gi", GPUs: 8, Labels: gpuNodeLabels, Taints: gpuTaints},
+	{Name: "cpu-b1", Zone: zoneB, CPU: "64", Memory: "512Gi"},
+	{Name: "gpu-c1", Zone: zoneC, CPU: "32", Memory: "256Gi", GPUs: 2, Labels: gpuNodeLabels, Taints: gpuTaints},
 }
 
 // zoneFence is the seed's zone fence: in namespace ml-team, a pod accepts
@@ -86,7 +90,9 @@ func (j *labJob) pods() []*ciliumlab.Pod {
 }
 
 // addPyTorchJob creates the pods the Kubeflow training operator would: a
-// master and workers with its labels and owner, on the given nodes.
+// master and workers with its labels and owner, bound by the lab itself to
+// the given nodes (the controls; llm-blocked is placed by the scheduler,
+// scheduleJob). A pod on a GPU node requests 2 GPUs.
 func addPyTorchJob(ctx context.Context, t *testing.T, lab *ciliumlab.Lab, ns, name, master string, workers ...string) *labJob {
 	t.Helper()
 	j := &labJob{ns: ns, name: name}
@@ -103,7 +109,7 @@ func addPyTorchJob(ctx context.Context, t *testing.T, lab *ciliumlab.Lab, ns, na
 		}
 		p, err := lab.AddPod(ctx, ciliumlab.PodSpec{Namespace: ns, Name: fmt.Sprintf("%s-%s-%d", name, typ, idx), Node: node,
 			Labels: labels, OwnerAPIVersion: "kubeflow.org/v1", OwnerKind: "PyTorchJob", OwnerName: name,
-			Ports: []int32{ciliumlab.RendezvousPort}})
+			Ports: []int32{ciliumlab.RendezvousPort}, GPUs: min(2, labGPUsOf(node))})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -120,7 +126,7 @@ func addPyTorchJob(ctx context.Context, t *testing.T, lab *ciliumlab.Lab, ns, na
 // closes the lab at cleanup (failing the test if anything is left).
 func startCiliumLab(t *testing.T, relay bool) (*ciliumlab.Lab, *testenv.APIServer, string) {
 	t.Helper()
-	tools := testenv.ToolsBin(t, "etcd", "kube-apiserver", "cilium")
+	tools := testenv.ToolsBin(t, "etcd", "kube-apiserver", "kube-scheduler", "cilium")
 	if os.Geteuid() != 0 {
 		msg := "the Cilium lab needs root (network and mount namespaces, BPF)"
 		if testenv.Required() {
@@ -155,6 +161,11 @@ func startCiliumLab(t *testing.T, relay bool) (*ciliumlab.Lab, *testenv.APIServe
 			t.Errorf("the lab left processes %v", pids)
 		}
 	})
+	// The real kube-scheduler places the pods the lab leaves unbound
+	// (stopped at cleanup, before the lab closes).
+	began := time.Now()
+	schedlab.Attach(t, api)
+	t.Logf("kube-scheduler healthy in %s", time.Since(began).Round(time.Millisecond))
 	return lab, api, tools
 }
 
@@ -215,13 +226,19 @@ func chartArgs(t *testing.T, replace map[string]string) []string {
 // labScenario is the seed's lab on the agents: the zone fence and three
 // PyTorchJobs.
 //
-//   - ml-team/llm-blocked: master on the CPU node in zone b, workers in
-//     zone a; the fence drops their rendezvous (hard block).
+//   - ml-team/llm-blocked: created unbound (blockedJobYAML), placed by the
+//     real kube-scheduler: the default scoring (least allocated) puts its
+//     CPU-only master on the big CPU node in zone b, the toleration
+//     permitting the GPU nodes but not attracting it, and its GPU workers
+//     in zone a, the only zone with free GPUs; the fence drops their
+//     rendezvous (hard block).
 //   - research/bert-slow: master in zone c, workers in zone a; no fence in
 //     that namespace: steady cross-zone exchange.
 //   - ml-team/resnet-healthy: all in zone a, over two nodes (the control).
 type labScenario struct {
 	blocked, slow, healthy *labJob
+	// blockedJob is llm-blocked's manifest, which the fix changes.
+	blockedJob *schedlab.Job
 }
 
 func startLabScenario(ctx context.Context, t *testing.T, lab *ciliumlab.Lab) *labScenario {
@@ -230,11 +247,23 @@ func startLabScenario(ctx context.Context, t *testing.T, lab *ciliumlab.Lab) *la
 	if _, _, err := lab.ApplyPolicy(ctx, zoneFence()); err != nil {
 		t.Fatal(err)
 	}
+	// The controls first: llm-blocked comes to a cluster where they run.
 	sc := &labScenario{
-		blocked: addPyTorchJob(ctx, t, lab, "ml-team", "llm-blocked", "cpu-b1", "gpu-a1", "gpu-a1"),
-		slow:    addPyTorchJob(ctx, t, lab, "research", "bert-slow", "gpu-c1", "gpu-a1", "gpu-a2"),
-		healthy: addPyTorchJob(ctx, t, lab, "ml-team", "resnet-healthy", "gpu-a1", "gpu-a1", "gpu-a2"),
+		slow:       addPyTorchJob(ctx, t, lab, "research", "bert-slow", "gpu-c1", "gpu-a1", "gpu-a2"),
+		healthy:    addPyTorchJob(ctx, t, lab, "ml-team", "resnet-healthy", "gpu-a1", "gpu-a1", "gpu-a2"),
+		blockedJob: pytorchJob(t, blockedJobYAML),
 	}
+	sc.blocked = scheduleJob(ctx, t, lab, sc.blockedJob)
+	// The seed's split, made by the scheduler.
+	if z := sc.blocked.coordinator.Node.Zone; z != zoneB {
+		t.Errorf("the scheduler put llm-blocked's master in %s, want the CPU node's zone %s: %s", z, zoneB, sc.blocked.placement())
+	}
+	for _, w := range sc.blocked.workers {
+		if w.Node.Zone != zoneA {
+			t.Errorf("the scheduler put %s in %s, want the GPU zone %s: %s", w.Ref(), w.Node.Zone, zoneA, sc.blocked.placement())
+		}
+	}
+	t.Logf("llm-blocked placed by kube-scheduler: %s", sc.blocked.placement())
 	ids := map[*ciliumlab.Pod]int64{}
 	for _, j := range []*labJob{sc.blocked, sc.slow, sc.healthy} {
 		for _, p := range j.pods() {
@@ -251,7 +280,7 @@ func startLabScenario(ctx context.Context, t *testing.T, lab *ciliumlab.Lab) *la
 	for _, w := range sc.blocked.workers {
 		workerIDs = append(workerIDs, ids[w])
 	}
-	if err := lab.Node("cpu-b1").WaitSelects(ctx, workerIDs, "zone", "NotIn", zoneB); err != nil {
+	if err := sc.blocked.coordinator.Node.WaitSelects(ctx, workerIDs, "zone", "NotIn", zoneB); err != nil {
 		t.Fatal(err)
 	}
 	return sc
@@ -274,17 +303,45 @@ func (sc *labScenario) simulateGPUs(g *labGPUs) {
 	g.setJob(sc.healthy, gpuTraining)
 }
 
-// fix recreates the blocked job in the workers' zone (what podAffinity on
-// the zone key would have done): CNI DEL and delete, then new pods.
-func (sc *labScenario) fix(ctx context.Context, t *testing.T, lab *ciliumlab.Lab, gpus *labGPUs) {
+// fix is what an engineer does with the page: run zonewatch's analyze on
+// the cluster's nodes and pods (dumped into dir), add the fix it prints to
+// llm-blocked's manifest, delete the job's pods (CNI DEL and delete) and
+// let the training operator re-create them from the fixed manifest: the
+// scheduler places them again. It fails the test unless every pod was
+// bound by the scheduler, in one zone, none Pending. It returns the fix
+// and the analyze command line.
+func (sc *labScenario) fix(ctx context.Context, t *testing.T, lab *ciliumlab.Lab, gpus *labGPUs, dir string) (fix, cmd string) {
 	t.Helper()
+	rep, cmd := analyzeLab(ctx, t, lab, dir, sc.blocked.ns, sc.blocked.name)
+	if !rep.SplitZone || rep.SuggestedFix == "" {
+		t.Fatalf("analyze: %s/%s split %v, verdict %s, no fix", rep.Namespace, rep.JobName, rep.SplitZone, rep.Verdict)
+	}
+	var patch map[string]any
+	if err := yaml.Unmarshal([]byte(rep.SuggestedFix), &patch); err != nil {
+		t.Fatalf("analyze's fix is not YAML: %v\n%s", err, rep.SuggestedFix)
+	}
+	fixed := sc.blockedJob.Copy()
+	schedlab.Merge(fixed.Manifest, patch)
 	for _, p := range sc.blocked.pods() {
 		if err := p.Delete(ctx); err != nil {
 			t.Fatal(err)
 		}
 	}
-	sc.blocked = addPyTorchJob(ctx, t, lab, sc.blocked.ns, sc.blocked.name, "gpu-a2", "gpu-a1", "gpu-a1")
+	sc.blockedJob = fixed
+	sc.blocked = scheduleJob(ctx, t, lab, fixed)
+	if z := sc.blocked.zones(); len(z) != 1 {
+		t.Fatalf("with analyze's fix the scheduler placed llm-blocked in %v: %s\nfix:\n%s", z, sc.blocked.placement(), rep.SuggestedFix)
+	}
+	// As the apiserver has them: every pod of the job bound, none Pending.
+	want := map[string]string{}
+	for _, p := range sc.blocked.pods() {
+		want[p.Spec.Name] = p.Node.Name
+	}
+	if got := apiPlacement(ctx, t, lab, sc.blocked.ns, sc.blocked.name); !maps.Equal(got, want) {
+		t.Fatalf("llm-blocked's pods in the apiserver after the fix: %v, want %v", got, want)
+	}
 	gpus.setJob(sc.blocked, gpuTraining)
+	return rep.SuggestedFix, cmd
 }
 
 // loop runs the job's exchange again and again until ctx ends and returns
@@ -330,8 +387,8 @@ func newLabGPUs(t *testing.T, lab *ciliumlab.Lab) *labGPUs {
 	g := &labGPUs{s: &sim.Scenario{Region: labRegion, Zones: []string{zoneA, zoneB, zoneC}}, podres: map[string]*sim.PodResourcesServer{}}
 	for i, n := range lab.Nodes {
 		node := sim.Node{Name: n.Name, Zone: n.Zone, IP: n.IP, PodCIDR: n.PodCIDR}
-		if strings.HasPrefix(n.Name, "gpu-") {
-			for d := range 8 {
+		if g := labGPUsOf(n.Name); g > 0 {
+			for d := range int(g) {
 				node.GPUs = append(node.GPUs, sim.GPU{Index: d, UUID: fmt.Sprintf("GPU-%08x-%04x-4000-8000-%012x", i+1, d, (i+1)*100+d)})
 			}
 		}
@@ -383,9 +440,9 @@ func (g *labGPUs) args(node *ciliumlab.Node) map[string]string {
 	}
 }
 
-// setJob gives each of the job's pods on a GPU node two GPUs behaving as
-// b (replacing the job's earlier pods), and tells every kubelet
-// PodResources fake.
+// setJob gives each of the job's pods the GPUs it requests, behaving as b
+// (replacing the job's earlier pods), and tells every kubelet PodResources
+// fake.
 func (g *labGPUs) setJob(j *labJob, b sim.Behaviour) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -403,7 +460,7 @@ func (g *labGPUs) setJob(j *labJob, b sim.Behaviour) {
 		sp := sim.Pod{Namespace: j.ns, Name: p.Spec.Name, Node: p.Node.Name, IP: p.IP}
 		for _, n := range g.s.Nodes {
 			for _, d := range n.GPUs {
-				if n.Name == sp.Node && len(sp.GPUs) < 2 && !used[d.UUID] {
+				if n.Name == sp.Node && int64(len(sp.GPUs)) < p.Spec.GPUs && !used[d.UUID] {
 					used[d.UUID] = true
 					sp.GPUs = append(sp.GPUs, d.UUID)
 				}
@@ -888,7 +945,7 @@ func TestCiliumLab(t *testing.T) {
 		}
 		before := read()
 		reconnects := sumExporters(t, addrs, "zonewatch_hubble_reconnects_total", nil)
-		n := lab.Node("gpu-a1") // the workers' node: most flows and every egress entry of the split jobs
+		n := lab.Node("gpu-a1") // zone a's first GPU node: most of the workers' flows and egress entries
 		began := time.Now()
 		if err := n.RestartAgent(ctx); err != nil {
 			t.Fatal(err)
@@ -1041,9 +1098,11 @@ func TestCiliumLab(t *testing.T) {
 		<-retried
 		stop = nil
 
-		// The fix: the job recreated in the workers' zone.
-		sc.fix(ctx, t, lab, gpus)
+		// The fix: analyze's, on the job's manifest; the scheduler places
+		// the re-created pods.
+		fix, _ := sc.fix(ctx, t, lab, gpus, dir)
 		fixed := sc.blocked
+		t.Logf("analyze's fix:\n%s\nllm-blocked re-created with it, placed by kube-scheduler: %s", fix, fixed.placement())
 		if _, err := fixed.coordinator.Serve(ex.Up, ex.Down); err != nil {
 			t.Fatal(err)
 		}

@@ -9,7 +9,10 @@
 // paths (/var/run/cilium/hubble.sock, /sys/fs/bpf/tc/globals) are the real
 // ones. A pod is a network namespace wired by cilium-cni ADD and removed by
 // DEL, as the kubelet calls it; its Pod object carries the IP the CNI
-// returned. Nodes talk over VXLAN.
+// returned. A pod is bound by the lab (AddPod) or created unbound and
+// placed by a scheduler running against the apiserver (SchedulePods: the
+// lab wires it on the node of its Binding, as a kubelet would); nodes
+// carry allocatable resources and taints for it. Nodes talk over VXLAN.
 //
 // Everything the lab makes (processes, namespaces, links, mounts, cgroups,
 // Kubernetes objects it does not leave to the apiserver's own cleanup) is
@@ -36,6 +39,7 @@ import (
 	"syscall"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -45,6 +49,15 @@ import (
 type NodeSpec struct {
 	Name string
 	Zone string
+	// What a scheduler needs of the node, set as the kubelet and the
+	// device plugin set them: allocatable (and capacity) CPU, memory and
+	// nvidia.com/gpu, and the node's taints. Empty CPU and Memory leave
+	// the node without allocatable resources (only pods bound by the lab
+	// itself, AddPod, run there).
+	CPU, Memory string
+	GPUs        int64
+	Labels      map[string]string
+	Taints      []corev1.Taint
 }
 
 // Config is what Start needs.

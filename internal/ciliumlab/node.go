@@ -19,6 +19,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
@@ -200,7 +201,7 @@ func (l *Lab) addNode(ctx context.Context, i int, spec NodeSpec) (*Node, error) 
 		<-held
 		return nil, fmt.Errorf("node mount namespace: %v: %s", err, stderr.String())
 	}
-	if err := l.createNodeObject(ctx, n); err != nil {
+	if err := l.createNodeObject(ctx, n, spec); err != nil {
 		return nil, err
 	}
 	n.api = &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
@@ -219,16 +220,26 @@ func (n *Node) Path(p string) string {
 }
 
 // createNodeObject registers the node as the kubelet would: zone and region
-// labels, its pod CIDR (IPAM kubernetes), InternalIP and Ready.
-func (l *Lab) createNodeObject(ctx context.Context, n *Node) error {
+// labels, its pod CIDR (IPAM kubernetes), InternalIP, Ready, and, for a
+// scheduler, its allocatable resources and taints. The TaintNodesByCondition
+// admission plugin taints a new node not-ready; the node lifecycle
+// controller (not run here) would lift that taint once the node reports
+// Ready, so the lab sets the node's own taints in its place. The agent reads
+// none of this but the pod CIDR and the address; it only adds annotations
+// and the NetworkUnavailable condition.
+func (l *Lab) createNodeObject(ctx context.Context, n *Node, spec NodeSpec) error {
+	lbl := map[string]string{
+		"kubernetes.io/hostname":        n.Name,
+		"kubernetes.io/os":              "linux",
+		"topology.kubernetes.io/zone":   n.Zone,
+		"topology.kubernetes.io/region": l.cfg.Region,
+	}
+	for k, v := range spec.Labels {
+		lbl[k] = v
+	}
 	obj := &corev1.Node{
-		ObjectMeta: metav1.ObjectMeta{Name: n.Name, Labels: map[string]string{
-			"kubernetes.io/hostname":        n.Name,
-			"kubernetes.io/os":              "linux",
-			"topology.kubernetes.io/zone":   n.Zone,
-			"topology.kubernetes.io/region": l.cfg.Region,
-		}},
-		Spec: corev1.NodeSpec{PodCIDR: n.PodCIDR.String(), PodCIDRs: []string{n.PodCIDR.String()}},
+		ObjectMeta: metav1.ObjectMeta{Name: n.Name, Labels: lbl},
+		Spec:       corev1.NodeSpec{PodCIDR: n.PodCIDR.String(), PodCIDRs: []string{n.PodCIDR.String()}},
 	}
 	created, err := l.Client.CoreV1().Nodes().Create(ctx, obj, metav1.CreateOptions{})
 	if err != nil {
@@ -237,6 +248,10 @@ func (l *Lab) createNodeObject(ctx context.Context, n *Node) error {
 	l.onUndo("Node "+n.Name, func() error {
 		return l.Client.CoreV1().Nodes().Delete(context.Background(), n.Name, metav1.DeleteOptions{})
 	})
+	created.Spec.Taints = spec.Taints
+	if created, err = l.Client.CoreV1().Nodes().Update(ctx, created, metav1.UpdateOptions{}); err != nil {
+		return fmt.Errorf("setting the taints of node %s: %w", n.Name, err)
+	}
 	created.Status = corev1.NodeStatus{
 		Addresses: []corev1.NodeAddress{
 			{Type: corev1.NodeInternalIP, Address: n.IP.String()},
@@ -244,6 +259,21 @@ func (l *Lab) createNodeObject(ctx context.Context, n *Node) error {
 		},
 		Conditions: []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue,
 			LastHeartbeatTime: metav1.Now(), LastTransitionTime: metav1.Now(), Reason: "KubeletReady"}},
+	}
+	if spec.CPU != "" && spec.Memory != "" {
+		cpu, err := resource.ParseQuantity(spec.CPU)
+		if err != nil {
+			return fmt.Errorf("node %s cpu: %w", n.Name, err)
+		}
+		mem, err := resource.ParseQuantity(spec.Memory)
+		if err != nil {
+			return fmt.Errorf("node %s memory: %w", n.Name, err)
+		}
+		res := corev1.ResourceList{corev1.ResourceCPU: cpu, corev1.ResourceMemory: mem, corev1.ResourcePods: resource.MustParse("110")}
+		if spec.GPUs > 0 {
+			res[GPUResource] = *resource.NewQuantity(spec.GPUs, resource.DecimalSI)
+		}
+		created.Status.Capacity, created.Status.Allocatable = res, res
 	}
 	_, err = l.Client.CoreV1().Nodes().UpdateStatus(ctx, created, metav1.UpdateOptions{})
 	return err

@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 )
@@ -30,7 +31,12 @@ type PodSpec struct {
 	OwnerAPIVersion, OwnerKind, OwnerName string
 	// Ports the container declares (documentation for a reader of the object).
 	Ports []int32
+	// GPUs the container requests (nvidia.com/gpu, requests and limits).
+	GPUs int64
 }
+
+// GPUResource is the NVIDIA device plugin's resource.
+const GPUResource corev1.ResourceName = "nvidia.com/gpu"
 
 // Pod is a pod the lab wired: its object, its network namespace and the
 // endpoint the agent made for it.
@@ -43,6 +49,11 @@ type Pod struct {
 	NetNS       string // ip netns name
 	containerID string
 	deleted     bool
+	// Scheduled is the scheduler's record of the binding, for a pod the
+	// lab left to a scheduler (SchedulePods): the Scheduled event's
+	// reporting controller and message ("Successfully assigned ns/pod to
+	// node"). Empty for a pod the lab bound itself (AddPod).
+	ScheduledBy, Scheduled string
 }
 
 // Ref is namespace/name.
@@ -75,6 +86,10 @@ func (l *Lab) AddPod(ctx context.Context, spec PodSpec) (*Pod, error) {
 	for _, port := range spec.Ports {
 		obj.Spec.Containers[0].Ports = append(obj.Spec.Containers[0].Ports, corev1.ContainerPort{ContainerPort: port, Protocol: corev1.ProtocolTCP})
 	}
+	if spec.GPUs > 0 {
+		q := corev1.ResourceList{GPUResource: *resource.NewQuantity(spec.GPUs, resource.DecimalSI)}
+		obj.Spec.Containers[0].Resources = corev1.ResourceRequirements{Requests: q, Limits: q}
+	}
 	if spec.OwnerKind != "" {
 		yes := true
 		obj.OwnerReferences = []metav1.OwnerReference{{APIVersion: spec.OwnerAPIVersion, Kind: spec.OwnerKind,
@@ -86,13 +101,23 @@ func (l *Lab) AddPod(ctx context.Context, spec PodSpec) (*Pod, error) {
 	}
 	p.UID = created.UID
 	l.onUndo("Pod "+p.Ref(), func() error { return p.deleteObject(context.Background()) })
+	if err := l.wire(ctx, p, created); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
 
+// wire does what the kubelet and its runtime do for a pod bound to the
+// node: a network namespace, cilium-cni ADD in the node, and the pod's
+// status (Running, the IP the CNI returned) through the status subresource.
+func (l *Lab) wire(ctx context.Context, p *Pod, created *corev1.Pod) error {
+	spec, n := p.Spec, p.Node
 	id := make([]byte, 32)
 	_, _ = rand.Read(id)
 	p.containerID = hex.EncodeToString(id)
 	p.NetNS = fmt.Sprintf("zwl%s-%s-%s", l.ID, spec.Namespace, spec.Name)
 	if err := run(ctx, "ip", "netns", "add", p.NetNS); err != nil {
-		return nil, err
+		return err
 	}
 	l.onUndo("netns "+p.NetNS, func() error {
 		if _, err := os.Stat(filepath.Join("/run/netns", p.NetNS)); err != nil {
@@ -102,12 +127,12 @@ func (l *Lab) AddPod(ctx context.Context, spec PodSpec) (*Pod, error) {
 	})
 	// What a runtime does before CNI: loopback up.
 	if err := run(ctx, "ip", "-n", p.NetNS, "link", "set", "lo", "up"); err != nil {
-		return nil, err
+		return err
 	}
 	began := time.Now()
 	out, err := p.cni(ctx, "ADD")
 	if err != nil {
-		return nil, err
+		return err
 	}
 	l.onUndo("CNI DEL "+p.Ref(), func() error {
 		if p.deleted {
@@ -122,16 +147,17 @@ func (l *Lab) AddPod(ctx context.Context, spec PodSpec) (*Pod, error) {
 		} `json:"ips"`
 	}
 	if err := json.Unmarshal(out, &res); err != nil || len(res.IPs) == 0 {
-		return nil, fmt.Errorf("cilium-cni ADD for %s: no IP in %s (%v)", p.Ref(), out, err)
+		return fmt.Errorf("cilium-cni ADD for %s: no IP in %s (%v)", p.Ref(), out, err)
 	}
 	pfx, err := netip.ParsePrefix(res.IPs[0].Address)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	p.IP = pfx.Addr()
 	l.Logf("pod %s on %s: %s (CNI ADD %s)", p.Ref(), n.Name, p.IP, time.Since(began).Round(time.Millisecond))
 
 	now := metav1.Now()
+	image := created.Spec.Containers[0].Image
 	created.Status = corev1.PodStatus{
 		Phase:     corev1.PodRunning,
 		HostIP:    n.IP.String(),
@@ -139,18 +165,19 @@ func (l *Lab) AddPod(ctx context.Context, spec PodSpec) (*Pod, error) {
 		PodIP:     p.IP.String(),
 		PodIPs:    []corev1.PodIP{{IP: p.IP.String()}},
 		StartTime: &now,
-		Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue, LastTransitionTime: now},
-			{Type: corev1.ContainersReady, Status: corev1.ConditionTrue, LastTransitionTime: now}},
-		ContainerStatuses: []corev1.ContainerStatus{{Name: "main", Ready: true, Image: obj.Spec.Containers[0].Image,
+		Conditions: append(created.Status.Conditions, // the scheduler's PodScheduled, if any
+			corev1.PodCondition{Type: corev1.PodReady, Status: corev1.ConditionTrue, LastTransitionTime: now},
+			corev1.PodCondition{Type: corev1.ContainersReady, Status: corev1.ConditionTrue, LastTransitionTime: now}),
+		ContainerStatuses: []corev1.ContainerStatus{{Name: created.Spec.Containers[0].Name, Ready: true, Image: image,
 			ContainerID: "containerd://" + p.containerID, State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: now}}}},
 	}
 	if _, err := l.Client.CoreV1().Pods(spec.Namespace).UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
-		return nil, fmt.Errorf("setting status of %s: %w", p.Ref(), err)
+		return fmt.Errorf("setting status of %s: %w", p.Ref(), err)
 	}
 	l.mu.Lock()
 	l.pods[p.Ref()] = p
 	l.mu.Unlock()
-	return p, nil
+	return nil
 }
 
 // cni runs cilium-cni in the node with the kubelet runtime's environment.

@@ -1,0 +1,200 @@
+package ciliumlab
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/watch"
+)
+
+// SchedulePods creates the pods unbound (spec.nodeName empty), as a
+// training controller creates them, and leaves their placement to a
+// scheduler running against the lab's apiserver (internal/schedlab's
+// kube-scheduler). Like a kubelet, the lab watches the pods; when one is
+// bound to a lab node it copies that node's labels named in nodeLabels
+// (pod label key -> node label key) onto the pod, as a mutating webhook
+// on pods/binding does, before the sandbox exists, so that Cilium's
+// identity of the pod has them; then it wires the pod on that node
+// (cilium-cni ADD, status Running) as AddPod does, and records the
+// scheduler's Scheduled event (Pod.ScheduledBy, Pod.Scheduled).
+//
+// It returns the pods in the order given once every one runs. When some
+// stay unbound past timeout it returns the ones wired and an error naming
+// each pod left Pending with the scheduler's reason (PodScheduled).
+func (l *Lab) SchedulePods(ctx context.Context, pods []*corev1.Pod, nodeLabels map[string]string, timeout time.Duration) ([]*Pod, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	out := make([]*Pod, len(pods))
+	byUID := map[types.UID]int{}
+	var from string
+	for i, obj := range pods {
+		if obj.Spec.NodeName != "" {
+			return nil, fmt.Errorf("pod %s/%s is bound to %s already: SchedulePods leaves the node to the scheduler", obj.Namespace, obj.Name, obj.Spec.NodeName)
+		}
+		if err := l.EnsureNamespace(ctx, obj.Namespace); err != nil {
+			return nil, err
+		}
+		created, err := l.Client.CoreV1().Pods(obj.Namespace).Create(ctx, obj, metav1.CreateOptions{})
+		if err != nil {
+			return nil, fmt.Errorf("creating pod %s/%s: %w", obj.Namespace, obj.Name, err)
+		}
+		p := &Pod{lab: l, UID: created.UID, Spec: specOf(created)}
+		l.onUndo("Pod "+p.Ref(), func() error { return p.deleteObject(context.Background()) })
+		out[i] = p
+		byUID[created.UID] = i
+		if from == "" {
+			from = created.ResourceVersion
+		}
+	}
+	// One watch over every namespace from the first creation: the
+	// bindings that happen before it opens are among its events.
+	left := len(pods)
+	last := map[types.UID]*corev1.Pod{}
+	for left > 0 {
+		w, err := l.Client.CoreV1().Pods("").Watch(ctx, metav1.ListOptions{ResourceVersion: from, AllowWatchBookmarks: true})
+		if err != nil {
+			if ctx.Err() != nil {
+				return out, l.pendingError(out, last, ctx.Err())
+			}
+			return out, fmt.Errorf("watching pods: %w", err)
+		}
+		for ev := range w.ResultChan() {
+			if ev.Type == watch.Error {
+				w.Stop()
+				return out, fmt.Errorf("watching pods: %v", apierrors.FromObject(ev.Object))
+			}
+			pod, ok := ev.Object.(*corev1.Pod)
+			if !ok {
+				continue
+			}
+			from = pod.ResourceVersion
+			i, mine := byUID[pod.UID]
+			if !mine || ev.Type == watch.Bookmark {
+				continue
+			}
+			last[pod.UID] = pod
+			p := out[i]
+			if pod.Spec.NodeName == "" || p.Node != nil {
+				continue
+			}
+			if err := l.runBound(ctx, p, pod, nodeLabels); err != nil {
+				w.Stop()
+				return out, err
+			}
+			left--
+			if left == 0 {
+				break
+			}
+		}
+		w.Stop()
+		if left > 0 && ctx.Err() != nil {
+			return out, l.pendingError(out, last, ctx.Err())
+		}
+	}
+	return out, nil
+}
+
+// specOf is the PodSpec of a pod object made by someone else.
+func specOf(obj *corev1.Pod) PodSpec {
+	s := PodSpec{Namespace: obj.Namespace, Name: obj.Name, Node: obj.Spec.NodeName, Labels: obj.Labels}
+	if ref := metav1.GetControllerOf(obj); ref != nil {
+		s.OwnerAPIVersion, s.OwnerKind, s.OwnerName = ref.APIVersion, ref.Kind, ref.Name
+	}
+	for _, c := range obj.Spec.Containers {
+		for _, port := range c.Ports {
+			s.Ports = append(s.Ports, port.ContainerPort)
+		}
+		q := c.Resources.Limits[GPUResource]
+		if r, ok := c.Resources.Requests[GPUResource]; ok {
+			q = r
+		}
+		s.GPUs += q.Value()
+	}
+	return s
+}
+
+// runBound does a kubelet's part for a pod just bound to one of the lab's
+// nodes.
+func (l *Lab) runBound(ctx context.Context, p *Pod, pod *corev1.Pod, nodeLabels map[string]string) error {
+	n := l.Node(pod.Spec.NodeName)
+	if n == nil {
+		return fmt.Errorf("pod %s bound to %q, which is no node of the lab", p.Ref(), pod.Spec.NodeName)
+	}
+	p.Node, p.Spec.Node = n, n.Name
+	if len(nodeLabels) > 0 {
+		node, err := l.Client.CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		add := map[string]string{}
+		for podKey, nodeKey := range nodeLabels {
+			add[podKey] = node.Labels[nodeKey]
+		}
+		patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"labels": add}})
+		if pod, err = l.Client.CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+			return fmt.Errorf("labelling pod %s with its node's labels: %w", p.Ref(), err)
+		}
+		p.Spec.Labels = pod.Labels
+	}
+	by, msg, err := l.scheduledEvent(ctx, pod)
+	if err != nil {
+		return err
+	}
+	p.ScheduledBy, p.Scheduled = by, msg
+	l.Logf("pod %s bound to %s by %s: %s", p.Ref(), n.Name, by, msg)
+	return l.wire(ctx, p, pod)
+}
+
+// scheduledEvent waits for the Scheduled event of the pod (the scheduler
+// records it after the binding, asynchronously) and returns its reporting
+// controller and message.
+func (l *Lab) scheduledEvent(ctx context.Context, pod *corev1.Pod) (by, msg string, err error) {
+	sel := fields.Set{"involvedObject.uid": string(pod.UID), "reason": "Scheduled"}.AsSelector().String()
+	for {
+		evs, err := l.Client.CoreV1().Events(pod.Namespace).List(ctx, metav1.ListOptions{FieldSelector: sel})
+		if err == nil {
+			for _, ev := range evs.Items {
+				by := ev.ReportingController
+				if by == "" {
+					by = ev.Source.Component
+				}
+				return by, ev.Message, nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return "", "", fmt.Errorf("no Scheduled event for pod %s/%s bound to %s (%v): %w", pod.Namespace, pod.Name, pod.Spec.NodeName, err, ctx.Err())
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// pendingError names the pods left unbound and the scheduler's reason.
+func (l *Lab) pendingError(pods []*Pod, last map[types.UID]*corev1.Pod, cause error) error {
+	var why []string
+	for _, p := range pods {
+		if p == nil || p.Node != nil {
+			continue
+		}
+		reason := "not seen by the scheduler"
+		if obj := last[p.UID]; obj != nil {
+			for _, c := range obj.Status.Conditions {
+				if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse {
+					reason = c.Reason + ": " + c.Message
+				}
+			}
+		}
+		why = append(why, p.Ref()+" Pending ("+reason+")")
+	}
+	sort.Strings(why)
+	return fmt.Errorf("%s: %w", strings.Join(why, "; "), cause)
+}
