@@ -227,16 +227,6 @@ func (d *wireDecoder) flowOfResponse(b []byte, f *Fields) error {
 	return nil
 }
 
-// decodeFlow decodes one serialized Flow into f (tests, fuzzing).
-func (d *wireDecoder) decodeFlow(b []byte, f *Fields) error {
-	d.reset(f)
-	if err := d.flow(b, f); err != nil {
-		return err
-	}
-	d.finish(f)
-	return nil
-}
-
 func (d *wireDecoder) reset(f *Fields) {
 	*f = Fields{}
 	d.sec, d.nanos, d.isReply, d.reply, d.l4 = 0, 0, false, false, 0
