@@ -255,3 +255,69 @@ func TestHeldGrowthLostIsFlagged(t *testing.T) {
 		t.Fatalf("deleted while active = %v, want 1 (its held growth is lost)", n)
 	}
 }
+
+// TestReadWhenShortLivedPodGoes replays what the exporter on gpu-a2 saw
+// in the Cilium lab's "pod deleted right after a transfer" (TestCiliumLab,
+// its debug log): a job pod bound to the node, given its IP, moving
+// 16,384,000 bytes and marked terminating (the API deletion), all within
+// 160 ms; Cilium deletes its entry at the CNI DEL a second later, then the
+// object goes. Run looked at the index once a second and compared the
+// scheduled pods it saw: the pod came and went between two looks, so its
+// going was never seen, no read came before the CNI DEL, and none of its
+// bytes were counted (5 of 7 lab runs). Here the events come between two
+// looks too (the poll interval is an hour: only a read on the pod's going
+// can count the bytes), on a real index and a real Run.
+func TestReadWhenShortLivedPodGoes(t *testing.T) {
+	idx := newIndex()
+	src := conntrack.NewMemSource()
+	reg := prometheus.NewRegistry()
+	p, err := conntrack.New(src, idx, conntrack.Config{Node: "n1", Layout: conntrack.LayoutCombined, Self: reg, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The job trains already: its worker's connection is in the map.
+	running := conn{from: worker0, to: master, fromNode: "n1", toNode: "n2", sport: 40000, dport: 29500, sent: 74, reply: 74, sentPkts: 1, replyPkts: 1}
+	src.Set(conntrack.MapTCP4, table(running.entries("n1", 0)...))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan struct{})
+	go func() { p.Run(ctx, time.Hour); close(done) }()
+	waitFor(t, func() bool { return p.Up() }) // the first read: baselines
+
+	// What the informer and the datapath did, in the lab's order.
+	w2 := netip.MustParseAddr("10.1.0.12")
+	pod := topology.Pod{Namespace: "ml", Name: "train-worker-2", Node: "n1",
+		Identity: topology.Identity{Kind: "PyTorchJob", Name: "train", Role: topology.RoleWorker}}
+	idx.UpsertPod(0, pod) // created, bound to n1
+	pod.IPs = []netip.Addr{w2}
+	idx.UpsertPod(0, pod) // CNI ADD: Running, its IP
+	// Its connection to the master, opened and done: 12.5 MiB up, 3.1 MiB
+	// down (the lab's payload; combined: one counter for both ways).
+	short := conn{from: w2, to: master, fromNode: "n1", toNode: "n2", sport: 40001, dport: 29500,
+		sent: 13_107_200, reply: 3_276_800, sentPkts: 900, replyPkts: 300}
+	src.Set(conntrack.MapTCP4, table(append(running.entries("n1", 0), short.entries("n1", 0)...)...))
+	pod.Terminating = true
+	idx.UpsertPod(0, pod) // the API deletion: deletionTimestamp
+
+	// The read on its going must come while the entry is there; the CNI
+	// DEL waits for it here, so that no timing decides the outcome.
+	cross := key("z-a", "z-b", "cross_zone")
+	want := float64(short.sent + short.reply)
+	for deadline := time.Now().Add(30 * time.Second); series(t, p)[cross] != want; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no read on the pod's going: %v bytes counted, want %v (Run never saw the pod go)", series(t, p)[cross], want)
+		}
+	}
+	// CNI DEL (Cilium scrubs the endpoint's entries), then the object goes.
+	src.Set(conntrack.MapTCP4, table(running.entries("n1", 0)...))
+	idx.DeletePod(0, "ml", "train-worker-2")
+	p.Poll(time.Now())
+	if got := series(t, p)[cross]; got != want {
+		t.Errorf("after the CNI DEL: %v bytes, want %v", got, want)
+	}
+	if u := selfValue(t, reg, "zonewatch_conntrack_unattributed_bytes_total"); u != 0 {
+		t.Errorf("%v bytes unattributed, want none", u)
+	}
+	cancel()
+	<-done
+}

@@ -15,9 +15,9 @@ import (
 
 // lossRun replays one transfer through a real Poller on a simulated
 // clock, with Run's schedule: the worker sends total bytes at rate from
-// time 0; its pod goes at goAt (the informer's event, seen at the next
-// watchEvery tick), sends on for sendOn, and Cilium deletes its entry
-// (endpoint removal scrubs its CT entries) delAfter after goAt. polls
+// time 0; its pod goes at goAt (the informer's event, which wakes Run
+// at once: the index's PodsGone), sends on for sendOn, and Cilium deletes
+// its entry (endpoint removal scrubs its CT entries) delAfter after goAt. polls
 // start at phase. With event, the schedule knows the pod went (Run);
 // without, it polls every interval only (the exporter before issue 26).
 // It returns what was lost and how many active entries went.
@@ -62,9 +62,10 @@ func lossRun(t *testing.T, interval, phase time.Duration, rate, total float64, g
 			put(at)
 		}
 		now := t0.Add(at)
-		// Run looks at the index every watchEvery (ticks at the phase).
+		// Run ticks every watchEvery (at the phase) and wakes when a pod
+		// goes (the first step at or after goAt).
 		tick := (at-phase)%watchEvery == 0
-		went := event && tick && at >= goAt && at-goAt < watchEvery
+		went := event && at >= goAt && at-goAt < step
 		if (tick || went) && s.due(now, went) {
 			p.Poll(now)
 			s.polled(now, 0)

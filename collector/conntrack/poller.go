@@ -215,10 +215,10 @@ type Poller struct {
 	versionLayout Layout
 	undecidedSaid bool // "layout not known yet" logged
 
-	// Pods watched for a final read when one goes (see Run); only Run
-	// touches them.
-	watchGen uint64
-	watched  map[podRef]bool
+	// The index's count of this node's job pods gone, as Run last saw it
+	// (see podsWent); only Run touches it.
+	goneSeen  uint64
+	goneKnown bool
 	// recent remembers where job pods were (see lookup); now is the time
 	// of the poll in progress.
 	recent      map[netip.Addr]recentPod
@@ -227,8 +227,6 @@ type Poller struct {
 
 	m selfMetrics
 }
-
-type podRef struct{ namespace, name string }
 
 type selfMetrics struct {
 	errors        *prometheus.CounterVec
@@ -388,10 +386,11 @@ func (p *Poller) Run(ctx context.Context, interval time.Duration) {
 	s := schedule{interval: interval}
 	tick := time.NewTicker(min(interval, watchEvery))
 	defer tick.Stop()
-	p.podsWent() // the pods there are now
 	for {
 		now := time.Now()
-		if s.due(now, p.podsWent()) {
+		// The first call takes the count there is now.
+		went, wake := p.podsWent()
+		if s.due(now, went) {
 			p.Poll(now)
 			s.polled(now, time.Since(now))
 		}
@@ -399,15 +398,16 @@ func (p *Poller) Run(ctx context.Context, interval time.Duration) {
 		case <-ctx.Done():
 			return
 		case <-tick.C:
+		case <-wake: // a job pod went, here or on another node
 		}
 	}
 }
 
-// How Run follows pods that go: the index is looked at every watchEvery;
-// after a pod went, the maps are read every fastInterval (or five times
-// the last poll's duration, if longer) for goingWindow: the pod's
-// termination grace period (30 s by default) and its CNI DEL, after which
-// Cilium has deleted its entries.
+// How Run follows pods that go: the index wakes it at once when one does
+// (and it looks every watchEvery); after a pod went, the maps are read
+// every fastInterval (or five times the last poll's duration, if longer)
+// for goingWindow: the pod's termination grace period (30 s by default)
+// and its CNI DEL, after which Cilium has deleted its entries.
 const (
 	watchEvery   = time.Second
 	fastInterval = time.Second
@@ -441,44 +441,33 @@ func (s *schedule) due(now time.Time, went bool) bool {
 
 func (s *schedule) polled(at time.Time, took time.Duration) { s.last, s.took = at, took }
 
-// podIndex is what the topology index tells about pods; an Index without
-// it gets no reads on pod changes.
+// podIndex is what the topology index tells about pods that go; an Index
+// without it gets no reads on pod changes.
 type podIndex interface {
-	Generation() uint64
-	Placements(node string) []topology.JobPlacement
+	PodsGone(node string) (uint64, <-chan struct{})
 }
 
 // podsWent reports whether a job pod of this node (of any node with an
-// empty Config.Node) that counted for placement at the last call no
-// longer does: terminating, finished or deleted. Only Run calls it.
-func (p *Poller) podsWent() bool {
+// empty Config.Node) stopped counting for placement since the last call
+// (terminating, finished or deleted), and returns the channel closed at
+// the next pod's going (nil without a podIndex). It counts the index's
+// events rather than comparing the pods seen at each call: a pod that
+// came and went between two calls, as a short-lived one does (created,
+// moving its bytes and deleted within a second), is not missed. Only Run
+// calls it.
+func (p *Poller) podsWent() (bool, <-chan struct{}) {
 	pi, ok := p.idx.(podIndex)
 	if !ok {
-		return false
+		return false, nil
 	}
-	gen := pi.Generation()
-	if p.watched != nil && gen == p.watchGen {
-		return false
+	n, wake := pi.PodsGone(p.cfg.Node)
+	first := !p.goneKnown
+	went := !first && n != p.goneSeen
+	if went {
+		p.log.Debug("job pod went: reading the conntrack maps now", "node", p.cfg.Node, "pods", n-p.goneSeen)
 	}
-	first := p.watched == nil
-	p.watchGen = gen
-	now := make(map[podRef]bool, len(p.watched))
-	for _, jp := range pi.Placements(p.cfg.Node) {
-		for _, pod := range jp.Pods {
-			if p.cfg.Node == "" || pod.Node == p.cfg.Node {
-				now[podRef{jp.Job.Namespace, pod.Pod}] = true
-			}
-		}
-	}
-	went := false
-	for r := range p.watched {
-		if !now[r] {
-			went = true
-			p.log.Debug("job pod went: reading the conntrack maps now", "namespace", r.namespace, "pod", r.name)
-		}
-	}
-	p.watched = now
-	return went && !first
+	p.goneSeen, p.goneKnown = n, true
+	return went, wake
 }
 
 // LocalMap reports whether name is a per-endpoint CT map, which Cilium
