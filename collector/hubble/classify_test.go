@@ -337,6 +337,18 @@ func TestLinkLocalMulticastNotUnresolved(t *testing.T) {
 			f.IP.Destination, f.L4 = "ff02::16", &flowpb.Layer4{Protocol: &flowpb.Layer4_ICMPv6{ICMPv6: &flowpb.ICMPv6{Type: 143}}}
 			return f
 		}(),
+		func() *flowpb.Flow { // MLDv2 report from the unspecified address (before the link-local address is ready)
+			f := linkLocalDrop("gpu-a1")
+			f.IP.Source, f.IP.Destination = "::", "ff02::16"
+			f.L4 = &flowpb.Layer4{Protocol: &flowpb.Layer4_ICMPv6{ICMPv6: &flowpb.ICMPv6{Type: 143}}}
+			return f
+		}(),
+		func() *flowpb.Flow { // duplicate-address probe: neighbour solicitation from :: to the solicited-node group
+			f := linkLocalDrop("gpu-a1")
+			f.IP.Source, f.IP.Destination = "::", "ff02::1:ff3a:9b41"
+			f.L4 = &flowpb.Layer4{Protocol: &flowpb.Layer4_ICMPv6{ICMPv6: &flowpb.ICMPv6{Type: 135}}}
+			return f
+		}(),
 		func() *flowpb.Flow { // IPv4 link-local and multicast
 			f := linkLocalDrop("gpu-a1")
 			f.IP.Source, f.IP.Destination = "169.254.3.7", "224.0.0.251"
