@@ -118,7 +118,15 @@ cilium() {
     log "installing clang-19, llvm-19, iptables from Debian"
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq >&2
-    apt-get install -y -qq --no-install-recommends "clang-19=$LLVM_APT_VERSION" "llvm-19=$LLVM_APT_VERSION" iptables >&2
+    # Pinned on Debian 12 (the development machines); elsewhere (the GitHub
+    # runner's Ubuntu) the distribution's own LLVM 19 build.
+    local llvm=(clang-19 llvm-19)
+    if apt-cache madison clang-19 2>/dev/null | grep -qF "$LLVM_APT_VERSION"; then
+      llvm=("clang-19=$LLVM_APT_VERSION" "llvm-19=$LLVM_APT_VERSION")
+    else
+      log "clang-19 $LLVM_APT_VERSION is not in this machine's apt sources: installing its own clang-19"
+    fi
+    apt-get install -y -qq --no-install-recommends "${llvm[@]}" iptables >&2
   fi
   # pkg/version parses "VERSION REVISION AUTHOR-DATE" (at least three
   # words: else the agent and Hubble's ServerStatus report no version). The
