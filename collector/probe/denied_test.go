@@ -143,3 +143,83 @@ func TestProbeDeniedByPolicy(t *testing.T) {
 type staticPeers []probe.Peer
 
 func (s staticPeers) Peers() []probe.Peer { return s }
+
+// TestProbeInboundDeniedByPolicy: a zone fence written as ingress rules is
+// enforced on the peer's node (the real Cilium lab: the prober's node sees
+// nothing, its probe times out). The peer's exporter counts the drop of
+// the probe to its own pod on its node's Hubble, by the prober's zone, one
+// per packet (not its verdict event too); a drop from a pod that is not an
+// exporter, or to another port, is not counted, nor any drop twice.
+func TestProbeInboundDeniedByPolicy(t *testing.T) {
+	testenv.Integration(t)
+	echo, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	go probe.Serve(ctx, echo, slog.New(slog.NewTextHandler(&testenv.SyncBuffer{}, nil)))
+	self := probe.Peer{Node: "b", Zone: "zone-b", Addr: "10.0.1.7:19421", Pod: "monitoring/zonewatch-b"}
+	peers := staticPeers{self, {Node: "a", Zone: "zone-a", Addr: echo.Addr().String(), Pod: "monitoring/zonewatch-a"}}
+
+	hub := sim.NewHubble(sim.Default(), "b", 0)
+	sock := filepath.Join(t.TempDir(), "hubble.sock")
+	if err := hub.Start(sock); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(hub.Stop)
+	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	// What the lab's agent on the peer's node emitted: an ingress drop,
+	// POLICY_DENIED, no policy named (the fence's default deny).
+	// Two events per packet, as the lab's agents emit them: the drop
+	// (type 1) and the policy verdict (type 5).
+	drop := func(srcPod string, dport uint32) {
+		for _, typ := range []int32{1, 5} {
+			hub.Publish(&flowpb.Flow{
+				Time: timestamppb.Now(), NodeName: "default/b", Verdict: flowpb.Verdict_DROPPED,
+				DropReasonDesc: flowpb.DropReason_POLICY_DENIED, EventType: &flowpb.CiliumEventType{Type: typ},
+				TrafficDirection: flowpb.TrafficDirection_INGRESS,
+				Source:           &flowpb.Endpoint{Namespace: "monitoring", PodName: srcPod},
+				Destination:      &flowpb.Endpoint{Namespace: "monitoring", PodName: "zonewatch-b"},
+				L4:               &flowpb.Layer4{Protocol: &flowpb.Layer4_TCP{TCP: &flowpb.TCP{SourcePort: 40000, DestinationPort: dport}}},
+			})
+		}
+	}
+	reg := prometheus.NewRegistry()
+	m := probe.NewMetrics(reg)
+	var log testenv.SyncBuffer
+	p := probe.NewProber(probe.Config{Node: "b", Zone: func() string { return "zone-b" }, PerZone: 1, Count: 1,
+		Interval: time.Hour, Timeout: 2 * time.Second,
+		Drops: probe.HubbleDrops{Client: observerpb.NewObserverClient(conn)}},
+		peers, m, slog.New(slog.NewTextHandler(&log, nil)))
+	time.Sleep(10 * time.Millisecond) // the drops come after the prober started
+	drop("zonewatch-a", 19421)
+	drop("zonewatch-a", 19421)
+	drop("zonewatch-a", 19420)  // another port
+	drop("some-job-pod", 19421) // not an exporter
+	p.Round(ctx)
+	if got := testutil.ToFloat64(m.InboundDenied.WithLabelValues("zone-a", "zone-b")); got != 2 {
+		t.Errorf("zonewatch_probe_inbound_denied_total{src_zone=zone-a,dst_zone=zone-b} = %v, want 2\n%s", got, log.String())
+	}
+	if n := testutil.CollectAndCount(m.InboundDenied); n != 1 {
+		t.Errorf("%d inbound series, want 1", n)
+	}
+	if !strings.Contains(log.String(), "probes from a zone are denied by policy") || !strings.Contains(log.String(), "src_zone=zone-a") {
+		t.Errorf("log:\n%s", log.String())
+	}
+	// The next round counts only what came since.
+	time.Sleep(10 * time.Millisecond)
+	drop("zonewatch-a", 19421)
+	p.Round(ctx)
+	if got := testutil.ToFloat64(m.InboundDenied.WithLabelValues("zone-a", "zone-b")); got != 3 {
+		t.Errorf("after a second round and one more drop: %v, want 3", got)
+	}
+	// The outbound probe itself went through.
+	if got := testutil.ToFloat64(m.Failures.WithLabelValues("zone-a", "timeout")); got != 0 {
+		t.Errorf("the echo peer's probe failed: %v", got)
+	}
+}

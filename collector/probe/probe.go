@@ -67,6 +67,9 @@ type Metrics struct {
 	RTT      *prometheus.HistogramVec
 	Failures *prometheus.CounterVec
 	Sent     *prometheus.CounterVec
+	// InboundDenied counts peers' probes to this exporter that this
+	// node's datapath dropped by a policy (Config.Drops an InboundDrops).
+	InboundDenied *prometheus.CounterVec
 }
 
 // NewMetrics registers the probe metrics on reg.
@@ -90,8 +93,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "zonewatch_probe_sent_bytes_total",
 			Help: "Probe payload bytes sent to peer exporters, by the peer's zone (echoed back the same; TCP/IP headers not included).",
 		}, []string{"dst_zone"}),
+		InboundDenied: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "zonewatch_probe_inbound_denied_total",
+			Help: "Probe packets from peer exporters in src_zone to this exporter (in dst_zone) that this node's datapath dropped by a network policy, as the node's Hubble saw them: an ingress zone fence, which the prober in src_zone can only count as a timeout.",
+		}, []string{"src_zone", "dst_zone"}),
 	}
-	reg.MustRegister(m.RTT, m.Failures, m.Sent)
+	reg.MustRegister(m.RTT, m.Failures, m.Sent, m.InboundDenied)
 	return m
 }
 
@@ -142,6 +149,12 @@ type Prober struct {
 	// denied holds the zones whose probes were last seen dropped by a
 	// policy, so that it is logged when it starts, not every round.
 	denied map[string]bool
+	// inboundAfter is, per own exporter pod, the time of the newest
+	// inbound policy drop counted (the prober's start at first);
+	// deniedFrom the source zones last seen dropped here.
+	inboundAfter map[string]time.Time
+	deniedFrom   map[string]bool
+	started      time.Time
 }
 
 // NewProber returns a prober of peers.
@@ -154,6 +167,7 @@ func NewProber(cfg Config, peers Peers, m *Metrics, logger *slog.Logger) *Prober
 	}
 	d := net.Dialer{}
 	return &Prober{cfg: cfg, peers: peers, m: m, logger: logger, cursor: map[string]int{}, denied: map[string]bool{},
+		inboundAfter: map[string]time.Time{}, deniedFrom: map[string]bool{}, started: time.Now(),
 		dial: func(ctx context.Context, addr string) (net.Conn, error) { return d.DialContext(ctx, "tcp", addr) }}
 }
 
@@ -248,6 +262,59 @@ func (p *Prober) Round(ctx context.Context) {
 		p.m.Failures.WithLabelValues(peer.Zone, why).Inc()
 		p.logger.Debug("probe failed", "peer", peer.Addr, "node", peer.Node, "zone", peer.Zone, "reason", why, "err", err)
 	}
+	p.inbound(ctx, src)
+}
+
+// inbound counts the peers' probes to this node's exporter pod that this
+// node's datapath dropped by a policy since the last round, by the peer's
+// zone: the other half of a fence enforced on ingress, which the peers'
+// probers see as timeouts.
+func (p *Prober) inbound(ctx context.Context, dst string) {
+	var selves []Peer
+	zoneOf := map[string]string{}
+	for _, peer := range p.peers.Peers() {
+		if peer.Node == p.cfg.Node {
+			selves = append(selves, peer)
+			continue
+		}
+		// Each peer zone's series starts at 0, so increase() sees the
+		// first drop.
+		p.m.InboundDenied.WithLabelValues(peer.Zone, dst)
+		if peer.Pod != "" {
+			zoneOf[peer.Pod] = peer.Zone
+		}
+	}
+	in, ok := p.cfg.Drops.(InboundDrops)
+	if !ok || ctx.Err() != nil {
+		return
+	}
+	from := map[string]bool{}
+	for _, self := range selves {
+		after, ok := p.inboundAfter[self.Pod]
+		if !ok {
+			after = p.started
+		}
+		counts, newest, err := in.DroppedFrom(ctx, self, after)
+		if err != nil {
+			p.logger.Debug("asking hubble for policy drops of peers' probes", "pod", self.Pod, "err", err)
+		}
+		p.inboundAfter[self.Pod] = newest
+		for pod, n := range counts {
+			z, ok := zoneOf[pod]
+			if !ok {
+				continue // not a peer exporter
+			}
+			p.m.InboundDenied.WithLabelValues(z, dst).Add(float64(n))
+			from[z] = true
+		}
+	}
+	for z := range from {
+		if !p.deniedFrom[z] {
+			p.logger.Warn("probes from a zone are denied by policy on this node: zonewatch's own traffic needs an exemption from the zone fence (Helm: ciliumNetworkPolicy.enabled; a deny rule must exclude zonewatch's pods: docs/runbooks.md)",
+				"src_zone", z)
+		}
+	}
+	p.deniedFrom = from
 }
 
 func (p *Prober) probe(ctx context.Context, src string, peer Peer) error {
