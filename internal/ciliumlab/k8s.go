@@ -18,8 +18,9 @@ import (
 )
 
 var (
-	crdGVR = schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}
-	cnpGVR = schema.GroupVersionResource{Group: "cilium.io", Version: "v2", Resource: "ciliumnetworkpolicies"}
+	crdGVR  = schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}
+	cnpGVR  = schema.GroupVersionResource{Group: "cilium.io", Version: "v2", Resource: "ciliumnetworkpolicies"}
+	ccnpGVR = schema.GroupVersionResource{Group: "cilium.io", Version: "v2", Resource: "ciliumclusterwidenetworkpolicies"}
 )
 
 // installCRDs creates Cilium's CRDs from the module (crds/ beside the
@@ -81,19 +82,27 @@ func (l *Lab) EnsureNamespace(ctx context.Context, name string) error {
 	return nil
 }
 
-// ApplyPolicy creates a CiliumNetworkPolicy from YAML; Close deletes it if
-// it is still there.
+// ApplyPolicy creates a CiliumNetworkPolicy, or a
+// CiliumClusterwideNetworkPolicy (namespace ""), from YAML; Close deletes
+// it if it is still there.
 func (l *Lab) ApplyPolicy(ctx context.Context, manifest string) (namespace, name string, err error) {
 	var obj unstructured.Unstructured
 	if err := yaml.Unmarshal([]byte(manifest), &obj.Object); err != nil {
 		return "", "", err
 	}
 	namespace, name = obj.GetNamespace(), obj.GetName()
-	if err := l.EnsureNamespace(ctx, namespace); err != nil {
-		return "", "", err
-	}
-	if _, err := l.Dynamic.Resource(cnpGVR).Namespace(namespace).Create(ctx, &obj, metav1.CreateOptions{}); err != nil {
-		return "", "", fmt.Errorf("creating CiliumNetworkPolicy %s/%s: %w", namespace, name, err)
+	if obj.GetKind() == "CiliumClusterwideNetworkPolicy" {
+		namespace = ""
+		if _, err := l.Dynamic.Resource(ccnpGVR).Create(ctx, &obj, metav1.CreateOptions{}); err != nil {
+			return "", "", fmt.Errorf("creating CiliumClusterwideNetworkPolicy %s: %w", name, err)
+		}
+	} else {
+		if err := l.EnsureNamespace(ctx, namespace); err != nil {
+			return "", "", err
+		}
+		if _, err := l.Dynamic.Resource(cnpGVR).Namespace(namespace).Create(ctx, &obj, metav1.CreateOptions{}); err != nil {
+			return "", "", fmt.Errorf("creating CiliumNetworkPolicy %s/%s: %w", namespace, name, err)
+		}
 	}
 	l.onUndo("CiliumNetworkPolicy "+namespace+"/"+name, func() error {
 		err := l.DeletePolicy(context.Background(), namespace, name)
@@ -105,8 +114,12 @@ func (l *Lab) ApplyPolicy(ctx context.Context, manifest string) (namespace, name
 	return namespace, name, nil
 }
 
-// DeletePolicy deletes a CiliumNetworkPolicy.
+// DeletePolicy deletes a CiliumNetworkPolicy, or a
+// CiliumClusterwideNetworkPolicy when namespace is "".
 func (l *Lab) DeletePolicy(ctx context.Context, namespace, name string) error {
+	if namespace == "" {
+		return l.Dynamic.Resource(ccnpGVR).Delete(ctx, name, metav1.DeleteOptions{})
+	}
 	return l.Dynamic.Resource(cnpGVR).Namespace(namespace).Delete(ctx, name, metav1.DeleteOptions{})
 }
 
