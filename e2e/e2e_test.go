@@ -244,6 +244,8 @@ func TestEndToEnd(t *testing.T) {
 		sourcesFailing(t, w, p, hook, byNode)
 	})
 
+	t.Run("idle GPU cost accrues", func(t *testing.T) { idleGPUCost(t, w, p, cfg) })
+
 	// Every symptom is live here: the instant dashboard queries run at
 	// this moment.
 	snapshot := time.Now()
@@ -429,6 +431,48 @@ func sourcesFailing(t *testing.T, w *world, p *prom, hook *webhook, byNode map[s
 		v, err := p.value(fmt.Sprintf(`sum(zonewatch_job_policy_drops_total{instance=%q, job_name=%q})`, e.addr, blockedJob))
 		return err == nil && v == d2, fmt.Sprint(v, err)
 	})
+}
+
+// idleGPUCost checks that the blocked job, and only it, has idle GPUs
+// priced by the cost rule (all its GPUs at the configured price), and waits
+// until the cost report's integration of that rule holds it: the report
+// and the cost report dashboard sum the rule at one-minute steps
+// ([range:1m], aligned to the minute), so a job split and idle for less
+// time than that may fall between two steps. The steps before take 40-60 s
+// from the first scrape, often less than the minute: the blocked job stays
+// split and idle here until a step has seen it, so the fix does not end its
+// idle time before the cost report could count it.
+func idleGPUCost(t *testing.T, w *world, p *prom, cfg rules.Config) {
+	w.mu.Lock()
+	gpus := 0
+	for _, pod := range w.job(blockedNS, blockedJob).Pods {
+		gpus += len(pod.GPUs)
+	}
+	w.mu.Unlock()
+	want := float64(gpus) * cfg.GPUDollarsPerHour
+	eventually(t, 30*time.Second, fmt.Sprintf("%s: %s/%s's %d GPUs only", rules.RecSplitIdleGPUCost, blockedNS, blockedJob, gpus), func() (bool, string) {
+		vec, err := p.vector(rules.RecSplitIdleGPUCost)
+		if err != nil {
+			return false, err.Error()
+		}
+		return len(vec) == 1 && string(vec[0].Metric["namespace"]) == blockedNS && string(vec[0].Metric["job_name"]) == blockedJob &&
+			float64(vec[0].Value) == want, fmt.Sprintf("%v, want %s/%s at %.2f $/h", vec, blockedNS, blockedJob, want)
+	})
+	began := time.Now()
+	integral := fmt.Sprintf(`sum_over_time(%s{namespace=%q, job_name=%q}[1h:1m]) / 60`, rules.RecSplitIdleGPUCost, blockedNS, blockedJob)
+	var dollars float64
+	if eventually(t, 90*time.Second, "a one-minute step of the cost report with "+blockedJob+"'s idle GPUs", func() (bool, string) {
+		vec, err := p.vector(integral)
+		if err != nil {
+			return false, err.Error()
+		}
+		if len(vec) == 1 {
+			dollars = float64(vec[0].Value)
+		}
+		return len(vec) == 1 && dollars > 0, fmt.Sprint(vec)
+	}) {
+		t.Logf("idle GPUs of %s in the cost report after %s more: $%.2f", blockedJob, time.Since(began).Round(time.Second), dollars)
+	}
 }
 
 // costRecordingRules checks the cost recording rules against the dollars
