@@ -25,6 +25,7 @@ import (
 	"github.com/prometheus/common/model"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/types/known/timestamppb"
 	appsv1 "k8s.io/api/apps/v1"
 	"sigs.k8s.io/yaml"
 
@@ -1107,14 +1108,24 @@ func TestCiliumLab(t *testing.T) {
 			t.Fatal(err)
 		}
 		train, stopTrain := context.WithCancel(ctx)
+		trainFrom := time.Now()
 		trained := fixed.loop(train, ex)
 		dropsFixed := agentDrops(t, lab)
 		before := dropsFixed["Policy denied by denylist"]
+		windowFrom := time.Now()
 		time.Sleep(15 * time.Second)
 		dropsLater := agentDrops(t, lab)
 		after := dropsLater["Policy denied by denylist"]
+		// Which packets, from the nodes' Hubble: every fence drop since the
+		// fixed job started training.
+		seen, ofFixed := fenceDrops(t, lab, trainFrom, time.Now(), fixed.pods())
 		if after != before {
-			t.Errorf("the agents dropped %g packets by the fence after the fix", after-before)
+			t.Errorf("the agents dropped %g packets by the fence after the fix; Hubble's fence drops since the fixed job started (window from %s): %s",
+				after-before, windowFrom.Format("15:04:05.000"), strings.Join(seen, "; "))
+		}
+		t.Logf("Hubble's fence drops since the fixed job started: %d %v", len(seen), seen)
+		if ofFixed != 0 {
+			t.Errorf("Hubble: %d fence drops of the fixed job's pods: %s", ofFixed, strings.Join(seen, "; "))
 		}
 		t.Logf("agents' drops in the 15 s after the fix, by node, direction and reason: %v", dropDelta(dropsFixed, dropsLater))
 		resolved := alertIs(rules.AlertIdleGPUSplitJob, "resolved", "namespace", blocked.ns, "job_name", blocked.name)
@@ -1133,6 +1144,64 @@ func TestCiliumLab(t *testing.T) {
 		}
 	})
 	t.Logf("test wall time: %s", time.Since(began).Round(time.Millisecond))
+}
+
+// fenceDrops lists, from every node's Hubble (GetFlows from..until), the
+// drop events of the fence ("Policy denied by denylist"): time, node,
+// source and destination pod with identity, whether the source identity
+// has the "zone" label, ports, TCP flags; and how many have one of pods
+// at either end.
+func fenceDrops(t *testing.T, lab *ciliumlab.Lab, from, until time.Time, pods []*ciliumlab.Pod) ([]string, int) {
+	t.Helper()
+	ips := map[string]bool{}
+	for _, p := range pods {
+		ips[p.IP.String()] = true
+	}
+	var out []string
+	of := 0
+	for _, n := range lab.Nodes {
+		conn, err := grpc.NewClient("unix://"+n.Path("/run/cilium/hubble.sock"), grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		stream, err := observerpb.NewObserverClient(conn).GetFlows(ctx, &observerpb.GetFlowsRequest{
+			Since: timestamppb.New(from), Until: timestamppb.New(until),
+			Whitelist: []*flowpb.FlowFilter{{Verdict: []flowpb.Verdict{flowpb.Verdict_DROPPED}}},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for {
+			resp, err := stream.Recv()
+			if err != nil {
+				break
+			}
+			f := resp.GetFlow()
+			if f == nil || f.GetEventType().GetType() != 1 || f.GetDropReasonDesc() != flowpb.DropReason_POLICY_DENY {
+				continue
+			}
+			src, dst := f.GetSource(), f.GetDestination()
+			zone := "no zone label"
+			for _, l := range src.GetLabels() {
+				if strings.HasPrefix(l, "k8s:zone=") {
+					zone = l
+				}
+			}
+			if ips[f.GetIP().GetSource()] || ips[f.GetIP().GetDestination()] {
+				of++
+			}
+			tcp := f.GetL4().GetTCP()
+			out = append(out, fmt.Sprintf("%s %s %s: %s/%s %s:%d (id %d, %s) -> %s/%s %s:%d (id %d) %s",
+				f.GetTime().AsTime().Format("15:04:05.000"), n.Name, f.GetTrafficDirection(),
+				src.GetNamespace(), src.GetPodName(), f.GetIP().GetSource(), tcp.GetSourcePort(), src.GetIdentity(), zone,
+				dst.GetNamespace(), dst.GetPodName(), f.GetIP().GetDestination(), tcp.GetDestinationPort(), dst.GetIdentity(), tcpFlags(tcp.GetFlags())))
+		}
+		cancel()
+		conn.Close()
+	}
+	slices.Sort(out)
+	return out, of
 }
 
 func dropDelta(before, after map[string]float64) map[string]float64 {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -24,8 +25,10 @@ import (
 // (pod label key -> node label key) onto the pod, as a mutating webhook
 // on pods/binding does, before the sandbox exists, so that Cilium's
 // identity of the pod has them; then it wires the pod on that node
-// (cilium-cni ADD, status Running) as AddPod does, and records the
-// scheduler's Scheduled event (Pod.ScheduledBy, Pod.Scheduled).
+// (cilium-cni ADD, status Running) as AddPod does, waits until the
+// endpoint's identity has those labels (so keys must be ones Cilium keeps
+// in identities), and records the scheduler's Scheduled event
+// (Pod.ScheduledBy, Pod.Scheduled).
 //
 // It returns the pods in the order given once every one runs. When some
 // stay unbound past timeout it returns the ones wired and an error naming
@@ -151,7 +154,66 @@ func (l *Lab) runBound(ctx context.Context, p *Pod, pod *corev1.Pod, nodeLabels 
 	}
 	p.ScheduledBy, p.Scheduled = by, msg
 	l.Logf("pod %s bound to %s by %s: %s", p.Ref(), n.Name, by, msg)
-	return l.wire(ctx, p, pod)
+	if err := l.wire(ctx, p, pod); err != nil {
+		return err
+	}
+	// The agent's pod watch may hand the endpoint the bound pod before the
+	// labels above (two updates): the endpoint then starts with an identity
+	// without them and changes it seconds later (seen: 8.4 s, a worker
+	// whose identity lacked "zone" denied by the zone fence's NotIn). The
+	// pod runs once its identity has them, as a webhook's label would be.
+	want := map[string]string{}
+	for podKey := range nodeLabels {
+		want[podKey] = p.Spec.Labels[podKey]
+	}
+	return p.waitIdentityLabels(ctx, want)
+}
+
+// waitIdentityLabels waits until the agent's endpoint of the pod has a
+// security identity whose labels include want (pod label key -> value).
+func (p *Pod) waitIdentityLabels(ctx context.Context, want map[string]string) error {
+	began := time.Now()
+	var first string
+	err := p.Node.poll(ctx, time.Minute, "identity of "+p.Ref()+" with labels "+fmt.Sprint(want), func() (bool, string) {
+		var eps []struct {
+			Status struct {
+				Identity struct {
+					ID     int64    `json:"id"`
+					Labels []string `json:"labels"`
+				} `json:"identity"`
+				Networking struct {
+					Addressing []struct {
+						IPV4 string `json:"ipv4"`
+					} `json:"addressing"`
+				} `json:"networking"`
+			} `json:"status"`
+		}
+		if err := p.Node.getJSON(ctx, "/v1/endpoint", &eps); err != nil {
+			return false, err.Error()
+		}
+		for _, ep := range eps {
+			for _, a := range ep.Status.Networking.Addressing {
+				if a.IPV4 != p.IP.String() {
+					continue
+				}
+				id := ep.Status.Identity
+				for k, v := range want {
+					if !slices.Contains(id.Labels, "k8s:"+k+"="+v) {
+						if first == "" {
+							first = fmt.Sprintf("identity %d without k8s:%s=%s: %v", id.ID, k, v, id.Labels)
+						}
+						return false, fmt.Sprintf("identity %d: %v", id.ID, id.Labels)
+					}
+				}
+				return id.ID != 0, fmt.Sprintf("identity %d", id.ID)
+			}
+		}
+		return false, "no endpoint with " + p.IP.String()
+	})
+	if err == nil && first != "" {
+		p.lab.Logf("pod %s on %s: identity with its node's labels %s after CNI ADD; first %s", p.Ref(), p.Node.Name, time.Since(began).Round(time.Millisecond), first)
+	}
+	return err
 }
 
 // scheduledEvent waits for the Scheduled event of the pod (the scheduler
