@@ -159,7 +159,7 @@ func (l *Lab) runBound(ctx context.Context, p *Pod, pod *corev1.Pod, nodeLabels 
 	}
 	// The agent's pod watch may hand the endpoint the bound pod before the
 	// labels above (two updates): the endpoint then starts with an identity
-	// without them and changes it seconds later (seen: 8.4 s, a worker
+	// without them and changes it seconds later (seen: 8 to 31 s; a worker
 	// whose identity lacked "zone" denied by the zone fence's NotIn). The
 	// pod runs once its identity has them, as a webhook's label would be.
 	want := map[string]string{}
@@ -174,7 +174,7 @@ func (l *Lab) runBound(ctx context.Context, p *Pod, pod *corev1.Pod, nodeLabels 
 func (p *Pod) waitIdentityLabels(ctx context.Context, want map[string]string) error {
 	began := time.Now()
 	var first string
-	err := p.Node.poll(ctx, time.Minute, "identity of "+p.Ref()+" with labels "+fmt.Sprint(want), func() (bool, string) {
+	err := p.Node.poll(ctx, 2*time.Minute, "identity of "+p.Ref()+" with labels "+fmt.Sprint(want), func() (bool, string) {
 		var eps []struct {
 			Status struct {
 				Identity struct {
