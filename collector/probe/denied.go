@@ -47,16 +47,9 @@ func (h HubbleDrops) Dropped(ctx context.Context, peer Peer, since time.Time) (s
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	stream, err := h.Client.GetFlows(ctx, &observerpb.GetFlowsRequest{
-		Since: timestamppb.New(since),
-		Whitelist: []*flowpb.FlowFilter{{
-			Verdict:        []flowpb.Verdict{flowpb.Verdict_DROPPED},
-			DropReasonDesc: []flowpb.DropReason{flowpb.DropReason_POLICY_DENIED, flowpb.DropReason_POLICY_DENY},
-			DestinationPod: []string{peer.Pod},
-		}},
-	})
+	stream, err := h.policyDrops(ctx, peer.Pod, since)
 	if err != nil {
-		return "", false, fmt.Errorf("hubble drop events toward %s: %w", peer.Pod, err)
+		return "", false, err
 	}
 	// Cilium emits two events per dropped packet: the drop (no policy
 	// named) and the policy verdict (naming the policy of a deny rule):
@@ -111,16 +104,9 @@ func (h HubbleDrops) DroppedFrom(ctx context.Context, self Peer, after time.Time
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	stream, err := h.Client.GetFlows(ctx, &observerpb.GetFlowsRequest{
-		Since: timestamppb.New(after),
-		Whitelist: []*flowpb.FlowFilter{{
-			Verdict:        []flowpb.Verdict{flowpb.Verdict_DROPPED},
-			DropReasonDesc: []flowpb.DropReason{flowpb.DropReason_POLICY_DENIED, flowpb.DropReason_POLICY_DENY},
-			DestinationPod: []string{self.Pod},
-		}},
-	})
+	stream, err := h.policyDrops(ctx, self.Pod, after)
 	if err != nil {
-		return nil, after, fmt.Errorf("hubble drop events toward %s: %w", self.Pod, err)
+		return nil, after, err
 	}
 	out, newest := map[string]int{}, after
 	for {
@@ -146,6 +132,23 @@ func (h HubbleDrops) DroppedFrom(ctx context.Context, self Peer, after time.Time
 			newest = t
 		}
 	}
+}
+
+// policyDrops asks for the events of packets toward pod ("namespace/name")
+// dropped by a policy since the given time.
+func (h HubbleDrops) policyDrops(ctx context.Context, pod string, since time.Time) (observerpb.Observer_GetFlowsClient, error) {
+	stream, err := h.Client.GetFlows(ctx, &observerpb.GetFlowsRequest{
+		Since: timestamppb.New(since),
+		Whitelist: []*flowpb.FlowFilter{{
+			Verdict:        []flowpb.Verdict{flowpb.Verdict_DROPPED},
+			DropReasonDesc: []flowpb.DropReason{flowpb.DropReason_POLICY_DENIED, flowpb.DropReason_POLICY_DENY},
+			DestinationPod: []string{pod},
+		}},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("hubble drop events toward %s: %w", pod, err)
+	}
+	return stream, nil
 }
 
 func portOf(addr string) (uint64, error) {
