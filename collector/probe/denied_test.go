@@ -65,6 +65,24 @@ func blackhole(t *testing.T) string {
 // the server does) holds a policy drop of TCP to the peer's probe port, the
 // failure is policy_denied and the log names the policy; a drop toward
 // another port of the same pod, or no drop at all, leaves it a timeout.
+// simHubble starts a simulated Hubble of the given node on a unix socket
+// and returns it with a HubbleDrops that reads its flows.
+func simHubble(t *testing.T, node string) (*sim.Hubble, probe.HubbleDrops) {
+	t.Helper()
+	hub := sim.NewHubble(sim.Default(), node, 0)
+	sock := filepath.Join(t.TempDir(), "hubble.sock")
+	if err := hub.Start(sock); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(hub.Stop)
+	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return hub, probe.HubbleDrops{Client: observerpb.NewObserverClient(conn)}
+}
+
 func TestProbeDeniedByPolicy(t *testing.T) {
 	testenv.Integration(t)
 	for _, tc := range []struct {
@@ -83,17 +101,7 @@ func TestProbeDeniedByPolicy(t *testing.T) {
 			port, _ := strconv.Atoi(portStr)
 			peer := probe.Peer{Node: "b", Zone: "zone-b", Addr: addr, Pod: "monitoring/zonewatch-b"}
 
-			hub := sim.NewHubble(sim.Default(), "a", 0)
-			sock := filepath.Join(t.TempDir(), "hubble.sock")
-			if err := hub.Start(sock); err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(hub.Stop)
-			conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { conn.Close() })
+			hub, drops := simHubble(t, "a")
 			if tc.dropPort != 0 {
 				dport := tc.dropPort
 				if dport < 0 {
@@ -118,7 +126,7 @@ func TestProbeDeniedByPolicy(t *testing.T) {
 			var log testenv.SyncBuffer
 			p := probe.NewProber(probe.Config{Node: "a", Zone: func() string { return "zone-a" }, PerZone: 1, Count: 1,
 				Interval: time.Hour, Timeout: 500 * time.Millisecond,
-				Drops: probe.HubbleDrops{Client: observerpb.NewObserverClient(conn)}},
+				Drops: drops},
 				staticPeers{peer}, m, slog.New(slog.NewTextHandler(&log, nil)))
 			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 			defer cancel()
@@ -162,17 +170,7 @@ func TestProbeInboundDeniedByPolicy(t *testing.T) {
 	self := probe.Peer{Node: "b", Zone: "zone-b", Addr: "10.0.1.7:19421", Pod: "monitoring/zonewatch-b"}
 	peers := staticPeers{self, {Node: "a", Zone: "zone-a", Addr: echo.Addr().String(), Pod: "monitoring/zonewatch-a"}}
 
-	hub := sim.NewHubble(sim.Default(), "b", 0)
-	sock := filepath.Join(t.TempDir(), "hubble.sock")
-	if err := hub.Start(sock); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(hub.Stop)
-	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
+	hub, drops := simHubble(t, "b")
 	// What the lab's agent on the peer's node emitted: an ingress drop,
 	// POLICY_DENIED, no policy named (the fence's default deny).
 	// Two events per packet, as the lab's agents emit them: the drop
@@ -194,7 +192,7 @@ func TestProbeInboundDeniedByPolicy(t *testing.T) {
 	var log testenv.SyncBuffer
 	p := probe.NewProber(probe.Config{Node: "b", Zone: func() string { return "zone-b" }, PerZone: 1, Count: 1,
 		Interval: time.Hour, Timeout: 2 * time.Second,
-		Drops: probe.HubbleDrops{Client: observerpb.NewObserverClient(conn)}},
+		Drops: drops},
 		peers, m, slog.New(slog.NewTextHandler(&log, nil)))
 	time.Sleep(10 * time.Millisecond) // the drops come after the prober started
 	drop("zonewatch-a", 19421)
