@@ -376,18 +376,33 @@ func bytesField(b []byte) ([]byte, int, error) {
 
 // timestamp merges a google.protobuf.Timestamp.
 func (d *wireDecoder) timestamp(b []byte) error {
-	return eachField(b, func(num protowire.Number, typ protowire.Type, b []byte) (int, error) {
+	sec, nanos, hasSec, hasNanos, err := varints12(b)
+	if hasSec {
+		d.sec = int64(sec)
+	}
+	if hasNanos {
+		d.nanos = int32(nanos)
+	}
+	return err
+}
+
+// varints12 reads a message's varint fields 1 and 2 (the last of each
+// wins), saying which were there; it is read as the fields come, so that
+// an error leaves what came before it (and 0 for the field in error).
+func varints12(b []byte) (v1, v2 uint64, has1, has2 bool, err error) {
+	err = eachField(b, func(num protowire.Number, typ protowire.Type, b []byte) (int, error) {
 		if typ != protowire.VarintType || (num != 1 && num != 2) {
 			return 0, nil
 		}
 		v, n, err := varint(b)
 		if num == 1 {
-			d.sec = int64(v)
+			v1, has1 = v, true
 		} else {
-			d.nanos = int32(v)
+			v2, has2 = v, true
 		}
 		return n, err
 	})
+	return v1, v2, has1, has2, err
 }
 
 // ipFields merges a flow.IP: source (1) and destination (2).
@@ -442,18 +457,14 @@ func (d *wireDecoder) layer4(b []byte, f *Fields) error {
 		}
 		// Every member with ports has them (or ICMP's type and code) as
 		// fields 1 and 2, uint32.
-		return n, eachField(v, func(num protowire.Number, typ protowire.Type, b []byte) (int, error) {
-			if typ != protowire.VarintType || (num != 1 && num != 2) {
-				return 0, nil
-			}
-			v, n, err := varint(b)
-			if num == 1 {
-				f.SrcPort = uint32(v)
-			} else {
-				f.DstPort = uint32(v)
-			}
-			return n, err
-		})
+		src, dst, hasSrc, hasDst, err := varints12(v)
+		if hasSrc {
+			f.SrcPort = uint32(src)
+		}
+		if hasDst {
+			f.DstPort = uint32(dst)
+		}
+		return n, err
 	})
 }
 
