@@ -21,19 +21,12 @@ import (
 // holding CAP_BPF only, no_new_privs), lists them through DialPodResources.
 func TestPodResourcesWithChartPrivileges(t *testing.T) {
 	if vals, child := testenv.AsChild(t); child {
-		pr, err := gpu.DialPodResources(vals["SOCKET"], gpu.ResourceFilter{}, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer pr.Close()
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		a, err := pr.Read(ctx)
+		n, err := allocatedDevices(vals["SOCKET"])
 		if err != nil {
 			t.Fatalf("with the chart's privileges: %v", err)
 		}
-		if strconv.Itoa(a.Len()) != vals["DEVICES"] {
-			t.Fatalf("%d GPU devices allocated, want %s", a.Len(), vals["DEVICES"])
+		if strconv.Itoa(n) != vals["DEVICES"] {
+			t.Fatalf("%d GPU devices allocated, want %s", n, vals["DEVICES"])
 		}
 		return
 	}
@@ -56,24 +49,34 @@ func TestPodResourcesWithChartPrivileges(t *testing.T) {
 	}
 	t.Cleanup(srv.Close)
 	// What root reads here is what the child must read.
-	pr, err := gpu.DialPodResources(sock, gpu.ResourceFilter{}, nil)
+	n, err := allocatedDevices(sock)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if n == 0 {
+		t.Fatalf("node %s: no GPU allocated in the simulation", node)
+	}
+	sc := testenv.ChartSecurityContext(t)
+	out, err := testenv.RunTestAs(t, sc, map[string]string{"SOCKET": sock, "DEVICES": strconv.Itoa(n)})
+	if err != nil {
+		t.Fatalf("reading PodResources as %s: %v\n%s", sc, err, out)
+	}
+	t.Logf("as %s: %d GPU devices of node %s mapped to pods", sc, n, node)
+}
+
+// allocatedDevices counts the GPU devices that the PodResources socket
+// lists as allocated to pods.
+func allocatedDevices(sock string) (int, error) {
+	pr, err := gpu.DialPodResources(sock, gpu.ResourceFilter{}, nil)
+	if err != nil {
+		return 0, err
 	}
 	defer pr.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	a, err := pr.Read(ctx)
 	if err != nil {
-		t.Fatal(err)
+		return 0, err
 	}
-	if a.Len() == 0 {
-		t.Fatalf("node %s: no GPU allocated in the simulation", node)
-	}
-	sc := testenv.ChartSecurityContext(t)
-	out, err := testenv.RunTestAs(t, sc, map[string]string{"SOCKET": sock, "DEVICES": strconv.Itoa(a.Len())})
-	if err != nil {
-		t.Fatalf("reading PodResources as %s: %v\n%s", sc, err, out)
-	}
-	t.Logf("as %s: %d GPU devices of node %s mapped to pods", sc, a.Len(), node)
+	return a.Len(), nil
 }
