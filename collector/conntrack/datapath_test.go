@@ -201,10 +201,7 @@ func TestFinalReadWhenPodGoes(t *testing.T) {
 	}
 	c := conn{from: worker0, to: master, fromNode: "n1", toNode: "n2", sport: 40000, dport: 29500, sent: 74, reply: 74, sentPkts: 1, replyPkts: 1}
 	src.Set(conntrack.MapTCP4, table(c.entries("n1", 0)...))
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	done := make(chan struct{})
-	go func() { p.Run(ctx, time.Hour); close(done) }()
+	runHourly(t, p)
 	cross := key("z-a", "z-b", "cross_zone")
 	// The baseline poll, a poll during the transfer, then the pod ends.
 	waitFor(t, func() bool { return p.Up() })
@@ -219,8 +216,15 @@ func TestFinalReadWhenPodGoes(t *testing.T) {
 	idx.UpsertPod(0, topology.Pod{Namespace: "ml", Name: "train-worker-0", Node: "n1", IPs: []netip.Addr{worker0}, Finished: true,
 		Identity: topology.Identity{Kind: "PyTorchJob", Name: "train", Role: topology.RoleWorker}})
 	waitFor(t, func() bool { return series(t, p)[cross] == 5_000_000 })
-	cancel()
-	<-done
+}
+
+// runHourly runs p.Run, an hour between its timed polls (what the test
+// sees comes from its reads on pods' going), until the test ends.
+func runHourly(t *testing.T, p *conntrack.Poller) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { p.Run(ctx, time.Hour); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
 }
 
 func waitFor(t *testing.T, ok func() bool) {
@@ -278,10 +282,7 @@ func TestReadWhenShortLivedPodGoes(t *testing.T) {
 	// The job trains already: its worker's connection is in the map.
 	running := conn{from: worker0, to: master, fromNode: "n1", toNode: "n2", sport: 40000, dport: 29500, sent: 74, reply: 74, sentPkts: 1, replyPkts: 1}
 	src.Set(conntrack.MapTCP4, table(running.entries("n1", 0)...))
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	done := make(chan struct{})
-	go func() { p.Run(ctx, time.Hour); close(done) }()
+	runHourly(t, p)
 	waitFor(t, func() bool { return p.Up() }) // the first read: baselines
 
 	// What the informer and the datapath did, in the lab's order.
@@ -318,6 +319,4 @@ func TestReadWhenShortLivedPodGoes(t *testing.T) {
 	if u := selfValue(t, reg, "zonewatch_conntrack_unattributed_bytes_total"); u != 0 {
 		t.Errorf("%v bytes unattributed, want none", u)
 	}
-	cancel()
-	<-done
 }
