@@ -349,31 +349,24 @@ func place(ctx context.Context, lab *schedlab.Lab, j *schedlab.Job, cell, order 
 		return nil
 	}
 	const quiet = 4 * time.Second
-	settle := func(n int) error {
+	settle := func(n int) (schedlab.Placement, error) {
 		sctx, cancel := context.WithTimeout(ctx, 90*time.Second)
 		defer cancel()
-		_, err := lab.Settle(sctx, j.Namespace, n, quiet)
-		return err
+		return lab.Settle(sctx, j.Namespace, n, quiet)
 	}
 	switch order {
-	case "coordinator first":
-		if err := create(coords...); err != nil {
+	case "coordinator first", "workers first":
+		first, then := coords, workers
+		if order == "workers first" {
+			first, then = workers, coords
+		}
+		if err := create(first...); err != nil {
 			return nil, err
 		}
-		if err := settle(len(coords)); err != nil {
+		if _, err := settle(len(first)); err != nil {
 			return nil, err
 		}
-		if err := create(workers...); err != nil {
-			return nil, err
-		}
-	case "workers first":
-		if err := create(workers...); err != nil {
-			return nil, err
-		}
-		if err := settle(len(workers)); err != nil {
-			return nil, err
-		}
-		if err := create(coords...); err != nil {
+		if err := create(then...); err != nil {
 			return nil, err
 		}
 	default:
@@ -382,9 +375,7 @@ func place(ctx context.Context, lab *schedlab.Lab, j *schedlab.Job, cell, order 
 			return nil, err
 		}
 	}
-	sctx, cancel := context.WithTimeout(ctx, 90*time.Second)
-	defer cancel()
-	return lab.Settle(sctx, j.Namespace, len(coords)+len(workers), quiet)
+	return settle(len(coords) + len(workers))
 }
 
 // oldAdvice is the fix zonewatch printed before issue 27: a required
