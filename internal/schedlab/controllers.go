@@ -39,7 +39,7 @@ func kubeflow(name, kind, apiVersion, field, coord, operator string) *Shape {
 		for _, key := range sortedKeys(specs) {
 			rs := Dig(specs, key)
 			rt := strings.ToLower(key)
-			for i := 0; i < intOf(rs["replicas"], 1); i++ {
+			ps, err := replicas(j, j.Name+"-"+rt, intOf(rs["replicas"], 1), Dig(rs, "template"), func(i int) map[string]string {
 				lbl := map[string]string{
 					"training.kubeflow.org/operator-name": operator, "training.kubeflow.org/job-name": j.Name,
 					"training.kubeflow.org/replica-type": rt, "training.kubeflow.org/replica-index": strconv.Itoa(i),
@@ -47,21 +47,36 @@ func kubeflow(name, kind, apiVersion, field, coord, operator string) *Shape {
 				if key == coord {
 					lbl["training.kubeflow.org/job-role"] = "master"
 				}
-				p, err := newPod(j, fmt.Sprintf("%s-%s-%d", j.Name, rt, i), Dig(rs, "template"), lbl, nil, owner)
-				if err != nil {
-					return nil, nil, nil, err
-				}
-				p.Spec.Hostname, p.Spec.Subdomain = p.Name, j.Name
-				if key == coord {
-					coords = append(coords, p)
-				} else {
-					workers = append(workers, p)
-				}
+				return lbl
+			}, nil, owner)
+			if err != nil {
+				return nil, nil, nil, err
+			}
+			if key == coord {
+				coords = append(coords, ps...)
+			} else {
+				workers = append(workers, ps...)
 			}
 		}
 		return coords, workers, nil, nil
 	}
 	return s
+}
+
+// replicas makes the n pods "<prefix>-<i>" of a replica set from tmpl,
+// with labels(i) and annotations ann, each named as its host in the job's
+// subdomain (the headless service the operator makes).
+func replicas(j *Job, prefix string, n int, tmpl map[string]any, labels func(i int) map[string]string, ann map[string]string, owner metav1.OwnerReference) ([]*corev1.Pod, error) {
+	var out []*corev1.Pod
+	for i := 0; i < n; i++ {
+		p, err := newPod(j, fmt.Sprintf("%s-%d", prefix, i), tmpl, labels(i), ann, owner)
+		if err != nil {
+			return nil, err
+		}
+		p.Spec.Hostname, p.Spec.Subdomain = p.Name, j.Name
+		out = append(out, p)
+	}
+	return out, nil
 }
 
 // mpiV2: mpi-operator v2beta1 (v0.8.0 pkg/controller/mpi_job_controller.go):
@@ -88,17 +103,15 @@ func mpiV2() *Shape {
 		}
 		coords = append(coords, p)
 		owners = append(owners, ownerObject("batch/v1", "Job", j.Namespace, launcher, mpi))
-		for i := 0; i < intOf(Dig(specs, "Worker")["replicas"], 1); i++ {
+		workers, err = replicas(j, j.Name+"-worker", intOf(Dig(specs, "Worker")["replicas"], 1), Dig(specs, "Worker", "template"), func(i int) map[string]string {
 			lbl := map[string]string{"training.kubeflow.org/job-role": "worker", "training.kubeflow.org/replica-index": strconv.Itoa(i)}
 			for k, v := range base {
 				lbl[k] = v
 			}
-			p, err := newPod(j, fmt.Sprintf("%s-worker-%d", j.Name, i), Dig(specs, "Worker", "template"), lbl, nil, mpi)
-			if err != nil {
-				return nil, nil, nil, err
-			}
-			p.Spec.Hostname, p.Spec.Subdomain = p.Name, j.Name
-			workers = append(workers, p)
+			return lbl
+		}, nil, mpi)
+		if err != nil {
+			return nil, nil, nil, err
 		}
 		return coords, workers, owners, nil
 	}
@@ -328,20 +341,19 @@ func volcano() *Shape {
 		owner := ownerRef(apiVersion, "Job", j.Name)
 		for _, t := range list(Dig(j.Manifest, "spec"), "tasks") {
 			task, _ := t["name"].(string)
-			for i := 0; i < intOf(t["replicas"], 1); i++ {
-				lbl := map[string]string{"volcano.sh/job-name": j.Name, "volcano.sh/job-namespace": j.Namespace, "volcano.sh/task-spec": task, "volcano.sh/queue-name": "default"}
-				ann := map[string]string{"volcano.sh/job-name": j.Name, "volcano.sh/task-spec": task, "scheduling.k8s.io/group-name": j.Name + "-" + string(owner.UID)}
-				p, err := newPod(j, fmt.Sprintf("%s-%s-%d", j.Name, task, i), Dig(t, "template"), lbl, ann, owner)
-				if err != nil {
-					return nil, nil, nil, err
-				}
+			lbl := map[string]string{"volcano.sh/job-name": j.Name, "volcano.sh/job-namespace": j.Namespace, "volcano.sh/task-spec": task, "volcano.sh/queue-name": "default"}
+			ann := map[string]string{"volcano.sh/job-name": j.Name, "volcano.sh/task-spec": task, "scheduling.k8s.io/group-name": j.Name + "-" + string(owner.UID)}
+			ps, err := replicas(j, j.Name+"-"+task, intOf(t["replicas"], 1), Dig(t, "template"), func(int) map[string]string { return lbl }, ann, owner)
+			if err != nil {
+				return nil, nil, nil, err
+			}
+			for _, p := range ps {
 				p.Spec.SchedulerName, _ = Dig(j.Manifest, "spec")["schedulerName"].(string)
-				p.Spec.Hostname, p.Spec.Subdomain = p.Name, j.Name
-				if task == "mpimaster" {
-					coords = append(coords, p)
-				} else {
-					workers = append(workers, p)
-				}
+			}
+			if task == "mpimaster" {
+				coords = append(coords, ps...)
+			} else {
+				workers = append(workers, ps...)
 			}
 		}
 		return coords, workers, nil, nil
