@@ -412,24 +412,9 @@ func oldAdvice(j *schedlab.Job) {
 // analyze on them and returns the job's suggested fix ("" when it is not
 // split).
 func analyzeFix(ctx context.Context, lab *schedlab.Lab, cell, ns string, j *schedlab.Job) (string, error) {
-	nodes, err := lab.Client.CoreV1().Nodes().List(ctx, metav1.ListOptions{LabelSelector: schedlab.LabelCell + "=" + cell})
+	nodeItems, podItems, err := schedlab.ListItems(ctx, lab.Client, schedlab.LabelCell+"="+cell, ns)
 	if err != nil {
 		return "", err
-	}
-	pods, err := lab.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
-	if err != nil {
-		return "", err
-	}
-	var nodeItems, podItems []any
-	for i := range nodes.Items {
-		n := nodes.Items[i]
-		n.APIVersion, n.Kind = "v1", "Node"
-		nodeItems = append(nodeItems, n)
-	}
-	for i := range pods.Items {
-		p := pods.Items[i]
-		p.APIVersion, p.Kind = "v1", "Pod"
-		podItems = append(podItems, p)
 	}
 	_, _, owners, err := j.Pods()
 	if err != nil {
