@@ -317,37 +317,18 @@ func (s staticPeers) Peers() []probe.Peer { return s }
 // pod on port since then, by the policy named and direction.
 func policyDrops(t *testing.T, n *ciliumlab.Node, pod *ciliumlab.Pod, port int, since time.Time) map[string]int {
 	t.Helper()
-	conn, err := grpc.NewClient("unix://"+n.Path("/run/cilium/hubble.sock"), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	stream, err := observerpb.NewObserverClient(conn).GetFlows(ctx, &observerpb.GetFlowsRequest{
+	out := map[string]int{}
+	nodeFlows(t, n, 10*time.Second, &observerpb.GetFlowsRequest{
 		Since: timestamppb.New(since),
 		Whitelist: []*flowpb.FlowFilter{{Verdict: []flowpb.Verdict{flowpb.Verdict_DROPPED}, DestinationIp: []string{pod.IP.String()},
 			DestinationPort: []string{fmt.Sprint(port)}}},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := map[string]int{}
-	for {
-		resp, err := stream.Recv()
-		if err != nil {
-			break
-		}
-		f := resp.GetFlow()
-		if f == nil {
-			continue
-		}
+	}, func(f *flowpb.Flow) {
 		var by []string
 		for _, p := range append(f.GetIngressDeniedBy(), f.GetEgressDeniedBy()...) {
 			by = append(by, p.GetKind()+"/"+p.GetName())
 		}
 		out[fmt.Sprintf("type %d %s %s %v", f.GetEventType().GetType(), f.GetTrafficDirection(), f.GetDropReasonDesc(), by)]++
-	}
+	})
 	return out
 }
 

@@ -163,24 +163,9 @@ func containsString(list []string, s string) bool {
 // the job's report and the command a person would type.
 func analyzeLab(ctx context.Context, t *testing.T, lab *ciliumlab.Lab, dir, ns, name string) (analyze.Job, string) {
 	t.Helper()
-	nodes, err := lab.Client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	nodeItems, podItems, err := schedlab.ListItems(ctx, lab.Client, "", "")
 	if err != nil {
 		t.Fatal(err)
-	}
-	pods, err := lab.Client.CoreV1().Pods("").List(ctx, metav1.ListOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var nodeItems, podItems []any
-	for i := range nodes.Items {
-		n := nodes.Items[i]
-		n.APIVersion, n.Kind = "v1", "Node"
-		nodeItems = append(nodeItems, n)
-	}
-	for i := range pods.Items {
-		p := pods.Items[i]
-		p.APIVersion, p.Kind = "v1", "Pod"
-		podItems = append(podItems, p)
 	}
 	write := func(file string, items []any) string {
 		b, err := json.MarshalIndent(map[string]any{"apiVersion": "v1", "kind": "List", "items": items}, "", "  ")

@@ -128,13 +128,7 @@ func addPyTorchJob(ctx context.Context, t *testing.T, lab *ciliumlab.Lab, ns, na
 func startCiliumLab(t *testing.T, relay bool) (*ciliumlab.Lab, *testenv.APIServer, string) {
 	t.Helper()
 	tools := testenv.ToolsBin(t, "etcd", "kube-apiserver", "kube-scheduler", "cilium")
-	if os.Geteuid() != 0 {
-		msg := "the Cilium lab needs root (network and mount namespaces, BPF)"
-		if testenv.Required() {
-			t.Fatal(msg)
-		}
-		t.Skip(msg)
-	}
+	testenv.Root(t, "the Cilium lab needs root (network and mount namespaces, BPF)")
 	api := testenv.StartAPIServer(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -567,33 +561,17 @@ func hubbleSends(t *testing.T, peer *ciliumlab.Pod, port uint32, senders ...*cil
 		byNode[p.Node] = append(byNode[p.Node], p.IP.String())
 	}
 	for n, ips := range byNode {
-		conn, err := grpc.NewClient("unix://"+n.Path("/run/cilium/hubble.sock"), grpc.WithTransportCredentials(insecure.NewCredentials()))
-		if err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		stream, err := observerpb.NewObserverClient(conn).GetFlows(ctx, &observerpb.GetFlowsRequest{
+		nodeFlows(t, n, 30*time.Second, &observerpb.GetFlowsRequest{
 			Number: 100000, First: true,
 			Whitelist: []*flowpb.FlowFilter{{SourceIp: ips, DestinationIp: []string{peer.IP.String()}, DestinationPort: []string{fmt.Sprint(port)}}},
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		for {
-			resp, err := stream.Recv()
-			if err != nil {
-				break
-			}
-			f := resp.GetFlow()
-			if f == nil || f.GetEventType().GetType() != 4 || f.GetIsReply().GetValue() {
-				continue
+		}, func(f *flowpb.Flow) {
+			if f.GetEventType().GetType() != 4 || f.GetIsReply().GetValue() {
+				return
 			}
 			total++
 			flags := f.GetL4().GetTCP().GetFlags()
 			kinds[fmt.Sprintf("%s %s", f.GetTraceObservationPoint(), tcpFlags(flags))]++
-		}
-		cancel()
-		conn.Close()
+		})
 	}
 	return total, kinds
 }
@@ -616,28 +594,39 @@ func tcpFlags(f *flowpb.TCPFlags) string {
 func strangers(t *testing.T, n *ciliumlab.Node, known map[string]bool) map[string]int {
 	t.Helper()
 	out := map[string]int{}
+	nodeFlows(t, n, 30*time.Second, &observerpb.GetFlowsRequest{Number: 100000, First: true}, func(f *flowpb.Flow) {
+		if known[f.GetIP().GetSource()] && known[f.GetIP().GetDestination()] {
+			return
+		}
+		out[fmt.Sprintf("%s(%v) -> %s(%v) %s %s type %d", f.GetIP().GetSource(), f.GetSource().GetIdentity(), f.GetIP().GetDestination(),
+			f.GetDestination().GetIdentity(), f.GetVerdict(), f.GetDropReasonDesc(), f.GetEventType().GetType())]++
+	})
+	return out
+}
+
+// nodeFlows calls fn for each flow node n's Hubble (GetFlows on its unix
+// socket) answers req with, until the stream ends or timeout passes.
+func nodeFlows(t *testing.T, n *ciliumlab.Node, timeout time.Duration, req *observerpb.GetFlowsRequest, fn func(*flowpb.Flow)) {
+	t.Helper()
 	conn, err := grpc.NewClient("unix://"+n.Path("/run/cilium/hubble.sock"), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	stream, err := observerpb.NewObserverClient(conn).GetFlows(ctx, &observerpb.GetFlowsRequest{Number: 100000, First: true})
+	stream, err := observerpb.NewObserverClient(conn).GetFlows(ctx, req)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for {
 		resp, err := stream.Recv()
 		if err != nil {
-			return out
+			return
 		}
-		f := resp.GetFlow()
-		if f == nil || (known[f.GetIP().GetSource()] && known[f.GetIP().GetDestination()]) {
-			continue
+		if f := resp.GetFlow(); f != nil {
+			fn(f)
 		}
-		out[fmt.Sprintf("%s(%v) -> %s(%v) %s %s type %d", f.GetIP().GetSource(), f.GetSource().GetIdentity(), f.GetIP().GetDestination(),
-			f.GetDestination().GetIdentity(), f.GetVerdict(), f.GetDropReasonDesc(), f.GetEventType().GetType())]++
 	}
 }
 
@@ -1160,26 +1149,12 @@ func fenceDrops(t *testing.T, lab *ciliumlab.Lab, from, until time.Time, pods []
 	var out []string
 	of := 0
 	for _, n := range lab.Nodes {
-		conn, err := grpc.NewClient("unix://"+n.Path("/run/cilium/hubble.sock"), grpc.WithTransportCredentials(insecure.NewCredentials()))
-		if err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		stream, err := observerpb.NewObserverClient(conn).GetFlows(ctx, &observerpb.GetFlowsRequest{
+		nodeFlows(t, n, 30*time.Second, &observerpb.GetFlowsRequest{
 			Since: timestamppb.New(from), Until: timestamppb.New(until),
 			Whitelist: []*flowpb.FlowFilter{{Verdict: []flowpb.Verdict{flowpb.Verdict_DROPPED}}},
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		for {
-			resp, err := stream.Recv()
-			if err != nil {
-				break
-			}
-			f := resp.GetFlow()
-			if f == nil || f.GetEventType().GetType() != 1 || f.GetDropReasonDesc() != flowpb.DropReason_POLICY_DENY {
-				continue
+		}, func(f *flowpb.Flow) {
+			if f.GetEventType().GetType() != 1 || f.GetDropReasonDesc() != flowpb.DropReason_POLICY_DENY {
+				return
 			}
 			src, dst := f.GetSource(), f.GetDestination()
 			zone := "no zone label"
@@ -1196,9 +1171,7 @@ func fenceDrops(t *testing.T, lab *ciliumlab.Lab, from, until time.Time, pods []
 				f.GetTime().AsTime().Format("15:04:05.000"), n.Name, f.GetTrafficDirection(),
 				src.GetNamespace(), src.GetPodName(), f.GetIP().GetSource(), tcp.GetSourcePort(), src.GetIdentity(), zone,
 				dst.GetNamespace(), dst.GetPodName(), f.GetIP().GetDestination(), tcp.GetDestinationPort(), dst.GetIdentity(), tcpFlags(tcp.GetFlags())))
-		}
-		cancel()
-		conn.Close()
+		})
 	}
 	slices.Sort(out)
 	return out, of

@@ -21,13 +21,7 @@ import (
 // namespace, veth, cgroup, mount namespace holder and Node object.
 func TestFailedStartLeavesNothing(t *testing.T) {
 	tools := testenv.ToolsBin(t, "etcd", "kube-apiserver", "cilium")
-	if os.Geteuid() != 0 {
-		msg := "the Cilium lab needs root (network and mount namespaces, BPF)"
-		if testenv.Required() {
-			t.Fatal(msg)
-		}
-		t.Skip(msg)
-	}
+	testenv.Root(t, "the Cilium lab needs root (network and mount namespaces, BPF)")
 	api := testenv.StartAPIServer(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()

@@ -263,31 +263,48 @@ func (p *Pod) deleteObject(ctx context.Context) error {
 func (p *Pod) Identity(ctx context.Context) (int64, error) {
 	var id int64
 	err := p.Node.poll(ctx, time.Minute, "endpoint of "+p.Ref()+" ready", func() (bool, string) {
-		var eps []struct {
-			Status struct {
-				State      string             `json:"state"`
-				Identity   struct{ ID int64 } `json:"identity"`
-				Networking struct {
-					Addressing []struct {
-						IPV4 string `json:"ipv4"`
-					} `json:"addressing"`
-				} `json:"networking"`
-			} `json:"status"`
+		ep, why := p.endpoint(ctx)
+		if ep == nil {
+			return false, why
 		}
-		if err := p.Node.getJSON(ctx, "/v1/endpoint", &eps); err != nil {
-			return false, err.Error()
-		}
-		for _, ep := range eps {
-			for _, a := range ep.Status.Networking.Addressing {
-				if a.IPV4 == p.IP.String() {
-					id = ep.Status.Identity.ID
-					return ep.Status.State == "ready" && id != 0, "state " + ep.Status.State
-				}
-			}
-		}
-		return false, "no endpoint with " + p.IP.String()
+		id = ep.Identity.ID
+		return ep.State == "ready" && id != 0, "state " + ep.State
 	})
 	return id, err
+}
+
+// agentEndpoint is what the lab reads of an endpoint's status in the
+// agent's REST API (GET /v1/endpoint).
+type agentEndpoint struct {
+	State    string `json:"state"`
+	Identity struct {
+		ID     int64    `json:"id"`
+		Labels []string `json:"labels"`
+	} `json:"identity"`
+	Networking struct {
+		Addressing []struct {
+			IPV4 string `json:"ipv4"`
+		} `json:"addressing"`
+	} `json:"networking"`
+}
+
+// endpoint returns the status of the agent's endpoint with the pod's IP,
+// or nil and why there is none (yet).
+func (p *Pod) endpoint(ctx context.Context) (*agentEndpoint, string) {
+	var eps []struct {
+		Status agentEndpoint `json:"status"`
+	}
+	if err := p.Node.getJSON(ctx, "/v1/endpoint", &eps); err != nil {
+		return nil, err.Error()
+	}
+	for i := range eps {
+		for _, a := range eps[i].Status.Networking.Addressing {
+			if a.IPV4 == p.IP.String() {
+				return &eps[i].Status, ""
+			}
+		}
+	}
+	return nil, "no endpoint with " + p.IP.String()
 }
 
 // inNetNS runs fn on an OS thread switched into the pod's network

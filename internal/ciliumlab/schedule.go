@@ -175,40 +175,20 @@ func (p *Pod) waitIdentityLabels(ctx context.Context, want map[string]string) er
 	began := time.Now()
 	var first string
 	err := p.Node.poll(ctx, 2*time.Minute, "identity of "+p.Ref()+" with labels "+fmt.Sprint(want), func() (bool, string) {
-		var eps []struct {
-			Status struct {
-				Identity struct {
-					ID     int64    `json:"id"`
-					Labels []string `json:"labels"`
-				} `json:"identity"`
-				Networking struct {
-					Addressing []struct {
-						IPV4 string `json:"ipv4"`
-					} `json:"addressing"`
-				} `json:"networking"`
-			} `json:"status"`
+		ep, why := p.endpoint(ctx)
+		if ep == nil {
+			return false, why
 		}
-		if err := p.Node.getJSON(ctx, "/v1/endpoint", &eps); err != nil {
-			return false, err.Error()
-		}
-		for _, ep := range eps {
-			for _, a := range ep.Status.Networking.Addressing {
-				if a.IPV4 != p.IP.String() {
-					continue
+		id := ep.Identity
+		for k, v := range want {
+			if !slices.Contains(id.Labels, "k8s:"+k+"="+v) {
+				if first == "" {
+					first = fmt.Sprintf("identity %d without k8s:%s=%s: %v", id.ID, k, v, id.Labels)
 				}
-				id := ep.Status.Identity
-				for k, v := range want {
-					if !slices.Contains(id.Labels, "k8s:"+k+"="+v) {
-						if first == "" {
-							first = fmt.Sprintf("identity %d without k8s:%s=%s: %v", id.ID, k, v, id.Labels)
-						}
-						return false, fmt.Sprintf("identity %d: %v", id.ID, id.Labels)
-					}
-				}
-				return id.ID != 0, fmt.Sprintf("identity %d", id.ID)
+				return false, fmt.Sprintf("identity %d: %v", id.ID, id.Labels)
 			}
 		}
-		return false, "no endpoint with " + p.IP.String()
+		return id.ID != 0, fmt.Sprintf("identity %d", id.ID)
 	})
 	if err == nil && first != "" {
 		p.lab.Logf("pod %s on %s: identity with its node's labels %s after CNI ADD; first %s", p.Ref(), p.Node.Name, time.Since(began).Round(time.Millisecond), first)

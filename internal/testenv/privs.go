@@ -159,9 +159,24 @@ func CanStartAs(t testing.TB) {
 	} else if _, err := os.Stat(Setpriv); err != nil {
 		msg = Setpriv + " not found (Debian util-linux)"
 	}
-	if msg == "" {
-		return
+	if msg != "" {
+		Unmet(t, msg)
 	}
+}
+
+// Root skips (or fails under ZONEWATCH_REQUIRE_TOOLS) a test that does not
+// run as root; msg says what needs it.
+func Root(t testing.TB, msg string) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		Unmet(t, msg)
+	}
+}
+
+// Unmet skips the test for want of what msg names, or fails it when a
+// green run must have run everything (Required).
+func Unmet(t testing.TB, msg string) {
+	t.Helper()
 	if Required() {
 		t.Fatal(msg)
 	}

@@ -40,11 +40,7 @@ func ToolsBin(t testing.TB, tools ...string) string {
 	}
 	for _, tool := range tools {
 		if _, err := os.Stat(filepath.Join(dir, tool)); err != nil {
-			msg := fmt.Sprintf("%s not found in %s: run `make tools` (or `make test`, which does)", tool, dir)
-			if Required() {
-				t.Fatal(msg)
-			}
-			t.Skip(msg)
+			Unmet(t, fmt.Sprintf("%s not found in %s: run `make tools` (or `make test`, which does)", tool, dir))
 		}
 	}
 	return dir
