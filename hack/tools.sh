@@ -41,6 +41,9 @@ if [ "${1:-}" = --release ]; then release=1; fi
 root=$(cd "$(dirname "$0")/.." && pwd)
 tools=${ZONEWATCH_TOOLS:-$root/.tools}
 mkdir -p "$tools"
+# Links in bin/ name the physical folder: a checkout whose .tools is a link
+# to another (a CI clone sharing a cache) must not repoint them at itself.
+tools=$(cd "$tools" && pwd -P)
 log() { echo "tools: $*" >&2; }
 
 # go install a main package at a pinned version into $tools/<name>-<version>/.
