@@ -72,14 +72,15 @@ etcd_bin() {
   if [ -d /run/systemd/system ]; then systemctl disable --now etcd >/dev/null 2>&1 || true; fi
 }
 
-# kube-apiserver and kube-scheduler are not go-installable modules on their
-# own: k8s.io/kubernetes points its staging modules at local paths. A wrapper
-# module replaces each with the published v0.x version of the same release;
-# both binaries are built from it in one go (they share most packages).
+# kube-apiserver, kube-scheduler and kube-proxy are not go-installable
+# modules on their own: k8s.io/kubernetes points its staging modules at local
+# paths. A wrapper module replaces each with the published v0.x version of
+# the same release; the binaries are built from it in one go (they share
+# most packages). kube-proxy runs in the Cilium lab's iptables mode.
 kube_components() {
   local dir=$tools/kube-$K8S_VERSION
-  if [ -x "$dir/kube-apiserver" ] && [ -x "$dir/kube-scheduler" ]; then return; fi
-  log "building kube-apiserver and kube-scheduler $K8S_VERSION (cold: about 7 minutes)"
+  if [ -x "$dir/kube-apiserver" ] && [ -x "$dir/kube-scheduler" ] && [ -x "$dir/kube-proxy" ]; then return; fi
+  log "building kube-apiserver, kube-scheduler and kube-proxy $K8S_VERSION (cold: about 8 minutes)"
   local w=$tools/kube-build
   rm -rf "$w" "$dir.tmp"; mkdir -p "$w"
   local gomod
@@ -91,11 +92,11 @@ kube_components() {
     grep -oE '^\s*k8s\.io/[a-z0-9-]+ => \./staging/src/k8s\.io/[a-z0-9-]+' "$gomod" |
       awk -v v="$K8S_STAGING_VERSION" '{print "replace " $1 " => " $1 " " v}'
   } >"$w/go.mod"
-  printf '//go:build tools\n\npackage main\n\nimport (\n\t_ "k8s.io/kubernetes/cmd/kube-apiserver"\n\t_ "k8s.io/kubernetes/cmd/kube-scheduler"\n)\n' >"$w/tools.go"
+  printf '//go:build tools\n\npackage main\n\nimport (\n\t_ "k8s.io/kubernetes/cmd/kube-apiserver"\n\t_ "k8s.io/kubernetes/cmd/kube-scheduler"\n\t_ "k8s.io/kubernetes/cmd/kube-proxy"\n)\n' >"$w/tools.go"
   local ldflags="-s -w -X k8s.io/component-base/version.gitVersion=$K8S_VERSION -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=37"
-  (cd "$w" && go get "k8s.io/kubernetes/cmd/kube-apiserver@$K8S_VERSION" "k8s.io/kubernetes/cmd/kube-scheduler@$K8S_VERSION" >&2)
+  (cd "$w" && go get "k8s.io/kubernetes/cmd/kube-apiserver@$K8S_VERSION" "k8s.io/kubernetes/cmd/kube-scheduler@$K8S_VERSION" "k8s.io/kubernetes/cmd/kube-proxy@$K8S_VERSION" >&2)
   mkdir -p "$dir.tmp"
-  for c in kube-apiserver kube-scheduler; do
+  for c in kube-apiserver kube-scheduler kube-proxy; do
     (cd "$w" && CGO_ENABLED=0 go build -trimpath -ldflags "$ldflags" -o "$dir.tmp/$c" "k8s.io/kubernetes/cmd/$c")
   done
   rm -rf "$dir"; mv "$dir.tmp" "$dir"
@@ -225,7 +226,7 @@ ZONEWATCH_TOOLS=$tools bash "$root/hack/schema-check/check.sh" --install >&2
 
 # One flat bin/ of links so tests and scripts need a single path.
 mkdir -p "$tools/bin"
-for b in kube-apiserver kube-scheduler; do ln -sf "$tools/kube-$K8S_VERSION/$b" "$tools/bin/$b"; done
+for b in kube-apiserver kube-scheduler kube-proxy; do ln -sf "$tools/kube-$K8S_VERSION/$b" "$tools/bin/$b"; done
 ln -sf "$(command -v etcd)" "$tools/bin/etcd"
 for b in prometheus promtool; do ln -sf "$tools/prometheus-$PROMETHEUS_VERSION/$b" "$tools/bin/$b"; done
 for b in alertmanager amtool; do ln -sf "$tools/alertmanager-$ALERTMANAGER_VERSION/$b" "$tools/bin/$b"; done
