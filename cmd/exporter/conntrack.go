@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"slices"
 	"strings"
 	"time"
 
@@ -13,7 +12,6 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
-	"github.com/zonewatch/zonewatch/collector"
 	"github.com/zonewatch/zonewatch/collector/conntrack"
 	"github.com/zonewatch/zonewatch/collector/hubble"
 )
@@ -52,10 +50,7 @@ func (p *conntrackPart) start(ctx context.Context, w *wiring, in *inputs) error 
 	}
 	// Absent or unreadable maps are not fatal: the source reports itself
 	// down and logs once what to fix.
-	poller, err := conntrack.New(in.conntrack, w.index, conntrack.Config{
-		Node: w.nodeName, Layout: layout, Logger: w.logger, Self: w.self,
-		Ready: informersSynced(w.exporter), CiliumVersion: *p.version,
-	})
+	poller, err := conntrack.New(in.conntrack, w.index, conntrackConfig(w, layout, *p.version))
 	if err != nil {
 		return fmt.Errorf("conntrack self-metrics: %w", err)
 	}
@@ -118,16 +113,9 @@ func ciliumVersion(ctx context.Context, address string) (string, error) {
 	return st.GetVersion(), nil
 }
 
-// informersSynced reports whether the kubernetes source (the informers)
-// is up, i.e. has synced. Nodes in the index are not enough: nodes that
-// arrive before the job pods would send those pods' bytes to no_job for
-// good.
-func informersSynced(e *collector.Exporter) func() bool {
-	return func() bool {
-		_, down := e.SourcesUp()
-		return !slices.Contains(down, kubernetesSource)
-	}
+// conntrackConfig is the poller's configuration on w: it holds growth until
+// the pod and node informers have synced (w.synced).
+func conntrackConfig(w *wiring, layout conntrack.Layout, ciliumVersion string) conntrack.Config {
+	return conntrack.Config{Node: w.nodeName, Layout: layout, Logger: w.logger, Self: w.self,
+		Ready: w.synced, CiliumVersion: ciliumVersion}
 }
-
-// kubernetesSource is the name main gives the informers' source.
-const kubernetesSource = "kubernetes"

@@ -4,16 +4,13 @@ import (
 	"context"
 	"log/slog"
 	"net/netip"
-	"os"
 	"path/filepath"
-	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/zonewatch/zonewatch/collector"
 	"github.com/zonewatch/zonewatch/collector/conntrack"
 	"github.com/zonewatch/zonewatch/collector/hubble"
 	"github.com/zonewatch/zonewatch/sim"
@@ -28,17 +25,12 @@ func (s *flagSource) Up() bool { return s.up.Load() }
 // the informers have synced the conntrack poller holds the growth instead
 // of sending the job's bytes to no_job, then counts them for the job.
 func TestConntrackWaitsForInformers(t *testing.T) {
-	src, err := os.ReadFile("main.go")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !strings.Contains(string(src), `AddSource("`+kubernetesSource+`"`) {
-		t.Fatalf("main.go registers the informers under another name than %q", kubernetesSource)
-	}
-	e := collector.New(slog.New(slog.DiscardHandler))
+	// kube stands for the Kubernetes feed, which startKube hands to the
+	// parts as w.synced.
 	kube := &flagSource{}
-	e.AddSource(kubernetesSource, kube)
-	ready := informersSynced(e)
+	w := &wiring{nodeName: "n1", synced: kube.Up}
+	cfg := conntrackConfig(w, conntrack.LayoutCombined, "")
+	ready := cfg.Ready
 
 	idx := topology.NewIndex()
 	idx.UpsertNode(topology.Node{Name: "n1", Zone: "z-a", PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.1.0.0/24")}})
@@ -47,7 +39,7 @@ func TestConntrackWaitsForInformers(t *testing.T) {
 		t.Fatal("ready with nodes in the index but the informers not synced")
 	}
 	mem := conntrack.NewMemSource()
-	p, err := conntrack.New(mem, idx, conntrack.Config{Node: "n1", Layout: conntrack.LayoutCombined, Ready: ready})
+	p, err := conntrack.New(mem, idx, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,14 +1,57 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"runtime/debug"
+	"time"
 
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/metadata"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/zonewatch/zonewatch/collector"
+	"github.com/zonewatch/zonewatch/collector/kube"
+	"github.com/zonewatch/zonewatch/topology"
 )
+
+// startKube starts the Kubernetes feed: the node, job-pod and owner
+// informers that fill the index (zonewatch_source_up{source="kubernetes"},
+// w.synced), and returns the placement series drawn from that index.
+func startKube(ctx context.Context, w *wiring, in *inputs, rules []topology.Rule, resync time.Duration) (*collector.Placement, error) {
+	logger := w.logger.With("component", "kubernetes")
+	live, factories, err := kube.NewLive(in.kube, w.index, rules, resync, logger)
+	if err != nil {
+		return nil, fmt.Errorf("setting up informers: %w", err)
+	}
+	live.WithOwners(in.meta, in.kube.Discovery())
+	w.exporter.AddSource("kubernetes", live)
+	w.synced = live.Up
+	// The placement series are served beside the registry
+	// (collector.Gatherer), not through it: at 2,000 jobs a Relay scrape
+	// takes 16 ms and 208 allocations instead of 46 ms and 48k
+	// (docs/performance.md).
+	placement := collector.NewPlacement(w.index, w.nodeName)
+	if w.shard.Sharded() {
+		placement = collector.NewShardPlacement(w.index, w.shard.Owns)
+		w.logger.Info("relay shard", "shard", w.shard.Index, "total_shards", w.shard.Total)
+	}
+	go func() {
+		if err := live.Run(ctx, factories); err != nil {
+			if ctx.Err() == nil {
+				w.logger.Error("kubernetes feed", "err", err)
+			}
+			return
+		}
+		// The first lists are garbage once the informers hold their
+		// stripped objects: return those pages now, not at the
+		// scavenger's pace (docs/performance.md, Memory).
+		debug.FreeOSMemory()
+	}()
+	return placement, nil
+}
 
 // kubeClient builds a client from a kubeconfig or the in-cluster config,
 // and the metadata-only client that resolves job pods' top owners.
