@@ -1,0 +1,158 @@
+package conntrack
+
+import (
+	"net/netip"
+	"time"
+
+	"github.com/zonewatch/zonewatch/topology"
+)
+
+// Unattributed reasons.
+const (
+	unattrNoJob    = "no_job"
+	unattrNotLocal = "not_local"
+	unattrOutside  = "opened_outside_cluster"
+)
+
+type pending struct {
+	tuple  Tuple
+	bytes  uint64
+	limit  uint64
+	secID  uint32
+	layout Layout
+	// both: a split ingress entry opened by no Cilium endpoint, whose
+	// counter is tx+rx (what both sides sent; see read).
+	both bool
+}
+
+// podOpened reports whether the opener of a raw key's connection (its
+// first address) is a pod the index holds: job pods, never host-network
+// ones. Their node's egress entry holds the connection's bytes, whatever
+// identity the acceptor's entry names.
+func (p *Poller) podOpened(key []byte) bool {
+	var a netip.Addr
+	if len(key) == KeySize4 {
+		a = netip.AddrFrom4([4]byte(key[0:4]))
+	} else {
+		a = netip.AddrFrom16([16]byte(key[0:16]))
+	}
+	return p.openerIsPod(a)
+}
+
+func (p *Poller) openerIsPod(a netip.Addr) bool {
+	e, _ := p.idx.LookupIP(a)
+	return e.Pod != ""
+}
+
+// lookup places an address through the index, or as the job pod it was
+// until recently: a pod that finished or was deleted leaves the index at
+// once, while the final reads of its entries (see Run) are still to be
+// attributed to its job. A job pod's place is remembered from its first
+// lookup; once the index no longer knows it, for goingWindow.
+func (p *Poller) lookup(a netip.Addr) topology.Endpoint {
+	e, _ := p.idx.LookupIP(a)
+	r, ok := p.recent[a]
+	switch {
+	case e.Pod != "":
+		if !ok || r.ep != e || !r.gone.IsZero() {
+			p.recent[a] = recentPod{ep: e}
+		}
+		return e
+	case !ok:
+		return e
+	case r.gone.IsZero():
+		r.gone = p.now
+		p.recent[a] = r
+	}
+	if p.now.Sub(r.gone) <= goingWindow {
+		return r.ep
+	}
+	delete(p.recent, a)
+	return e
+}
+
+// recentPod is a job pod's place as the index last told it, and when
+// the index was first found without it.
+type recentPod struct {
+	ep   topology.Endpoint
+	gone time.Time
+}
+
+// forgetRecent drops, every goingWindow, the places of pods gone from
+// the index for that long (their addresses may not be looked up again).
+func (p *Poller) forgetRecent() {
+	if p.now.Sub(p.recentSwept) < goingWindow {
+		return
+	}
+	p.recentSwept = p.now
+	for a, r := range p.recent {
+		if r.gone.IsZero() {
+			if e, _ := p.idx.LookupIP(a); e.Pod == "" {
+				r.gone = p.now
+				p.recent[a] = r
+			}
+			continue
+		}
+		if p.now.Sub(r.gone) > goingWindow {
+			delete(p.recent, a)
+		}
+	}
+}
+
+// count attributes the poll's deltas to jobs. Every delta lands in a job
+// or in an unattributed reason, except the ingress entries of connections
+// a Cilium endpoint opened: its own node counts their bytes, from its
+// egress entry.
+func (p *Poller) count() {
+	var noJob, notLocal, outside uint64
+	for _, d := range p.pending {
+		if d.bytes > d.limit {
+			p.m.errors.WithLabelValues(reasonImplausible).Inc()
+			continue
+		}
+		t := d.tuple
+		local, peer := t.Src, t.Dst
+		openerIsPeer := false
+		if t.Ingress() {
+			switch {
+			case d.layout == LayoutSplit && !d.both:
+				// tx_bytes of an ingress entry: what the acceptor sent.
+				local, peer = t.Dst, t.Src
+			case d.both || !endpointIdentity(d.secID) && !p.openerIsPod(t.Src):
+				// Opened by no Cilium endpoint: the host network of a node
+				// (host, remote-node, kube-apiserver, or world on a node's
+				// cilium_host address), or outside the cluster. No egress
+				// entry holds these bytes: the acceptor's node counts both
+				// directions, with the opener's zone as src_zone.
+				if !hostIdentity(d.secID) {
+					if _, ok := p.idx.LookupIP(t.Src); !ok {
+						outside += d.bytes
+						continue
+					}
+				}
+				local, peer, openerIsPeer = t.Dst, t.Src, true
+			default:
+				// Combined, opened by a Cilium endpoint: its node counts it.
+				continue
+			}
+		}
+		le := p.lookup(local)
+		if le.Node == "" || (p.cfg.Node != "" && le.Node != p.cfg.Node) {
+			notLocal += d.bytes
+			continue
+		}
+		if le.Job == nil {
+			noJob += d.bytes
+			continue
+		}
+		pe := p.lookup(peer)
+		src, dst := le.Zone, pe.Zone
+		if openerIsPeer {
+			src, dst = dst, src
+		}
+		p.bytes.Add(bytesKey{le.Job.Namespace, le.Job.Name, src, dst, topology.Locality(le, pe)}, float64(d.bytes))
+	}
+	p.m.unattributed.WithLabelValues(unattrNoJob).Add(float64(noJob))
+	p.m.unattributed.WithLabelValues(unattrNotLocal).Add(float64(notLocal))
+	p.m.unattributed.WithLabelValues(unattrOutside).Add(float64(outside))
+}

@@ -1,0 +1,99 @@
+package conntrack
+
+import (
+	"context"
+	"time"
+)
+
+// Run polls every interval until ctx ends. When a job pod of this node
+// stops counting (terminating, finished or deleted), it reads at once and
+// then every fastInterval for goingWindow: Cilium deletes the CT entries
+// of an endpoint with it, and what they moved since the last read would
+// be lost (docs/conntrack.md, "What can be missed between polls").
+func (p *Poller) Run(ctx context.Context, interval time.Duration) {
+	s := schedule{interval: interval}
+	tick := time.NewTicker(min(interval, watchEvery))
+	defer tick.Stop()
+	for {
+		now := time.Now()
+		// The first call takes the count there is now.
+		went, wake := p.podsWent()
+		if s.due(now, went) {
+			p.Poll(now)
+			s.polled(now, time.Since(now))
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		case <-wake: // a job pod went, here or on another node
+		}
+	}
+}
+
+// How Run follows pods that go: the index wakes it at once when one does
+// (and it looks every watchEvery); after a pod went, the maps are read
+// every fastInterval (or five times the last poll's duration, if longer)
+// for goingWindow: the pod's termination grace period (30 s by default)
+// and its CNI DEL, after which Cilium has deleted its entries.
+const (
+	watchEvery   = time.Second
+	fastInterval = time.Second
+	goingWindow  = 45 * time.Second
+)
+
+// schedule decides when Run reads the maps.
+type schedule struct {
+	interval  time.Duration
+	last      time.Time // start of the last poll; zero before the first
+	took      time.Duration
+	fastUntil time.Time
+}
+
+// due reports whether to poll at now; went: a pod went since the last call.
+func (s *schedule) due(now time.Time, went bool) bool {
+	if went {
+		s.fastUntil = now.Add(goingWindow)
+		return true
+	}
+	if s.last.IsZero() {
+		return true
+	}
+	every := s.interval
+	if now.Before(s.fastUntil) {
+		every = min(every, max(fastInterval, 5*s.took))
+	}
+	// Half a tick of slack: ticks and polls do not start on the dot.
+	return now.Sub(s.last)+watchEvery/2 >= every
+}
+
+func (s *schedule) polled(at time.Time, took time.Duration) { s.last, s.took = at, took }
+
+// podIndex is what the topology index tells about pods that go; an Index
+// without it gets no reads on pod changes.
+type podIndex interface {
+	PodsGone(node string) (uint64, <-chan struct{})
+}
+
+// podsWent reports whether a job pod of this node (of any node with an
+// empty Config.Node) stopped counting for placement since the last call
+// (terminating, finished or deleted), and returns the channel closed at
+// the next pod's going (nil without a podIndex). It counts the index's
+// events rather than comparing the pods seen at each call: a pod that
+// came and went between two calls, as a short-lived one does (created,
+// moving its bytes and deleted within a second), is not missed. Only Run
+// calls it.
+func (p *Poller) podsWent() (bool, <-chan struct{}) {
+	pi, ok := p.idx.(podIndex)
+	if !ok {
+		return false, nil
+	}
+	n, wake := pi.PodsGone(p.cfg.Node)
+	first := !p.goneKnown
+	went := !first && n != p.goneSeen
+	if went {
+		p.log.Debug("job pod went: reading the conntrack maps now", "node", p.cfg.Node, "pods", n-p.goneSeen)
+	}
+	p.goneSeen, p.goneKnown = n, true
+	return went, wake
+}
