@@ -15,14 +15,14 @@ const (
 )
 
 type pending struct {
-	tuple  Tuple
-	bytes  uint64
-	limit  uint64
-	secID  uint32
-	layout Layout
-	// both: a split ingress entry opened by no Cilium endpoint, whose
-	// counter is tx+rx (what both sides sent; see read).
-	both bool
+	tuple Tuple
+	bytes uint64
+	limit uint64
+	secID uint32
+	// acceptorTx: a split ingress entry's tx_bytes, what the acceptor
+	// sent. both: a split ingress entry opened by no Cilium endpoint,
+	// whose counter is tx+rx (what both sides sent; see read).
+	acceptorTx, both bool
 }
 
 // podOpened reports whether the opener of a raw key's connection (its
@@ -49,7 +49,7 @@ func (p *Poller) openerIsPod(a netip.Addr) bool {
 // once, while the final reads of its entries (see Run) are still to be
 // attributed to its job. A job pod's place is remembered from its first
 // lookup; once the index no longer knows it, for goingWindow.
-func (p *Poller) lookup(a netip.Addr) topology.Endpoint {
+func (p *Poller) lookup(a netip.Addr, now time.Time) topology.Endpoint {
 	e, _ := p.idx.LookupIP(a)
 	r, ok := p.recent[a]
 	switch {
@@ -61,10 +61,10 @@ func (p *Poller) lookup(a netip.Addr) topology.Endpoint {
 	case !ok:
 		return e
 	case r.gone.IsZero():
-		r.gone = p.now
+		r.gone = now
 		p.recent[a] = r
 	}
-	if p.now.Sub(r.gone) <= goingWindow {
+	if now.Sub(r.gone) <= goingWindow {
 		return r.ep
 	}
 	delete(p.recent, a)
@@ -80,20 +80,20 @@ type recentPod struct {
 
 // forgetRecent drops, every goingWindow, the places of pods gone from
 // the index for that long (their addresses may not be looked up again).
-func (p *Poller) forgetRecent() {
-	if p.now.Sub(p.recentSwept) < goingWindow {
+func (p *Poller) forgetRecent(now time.Time) {
+	if now.Sub(p.recentSwept) < goingWindow {
 		return
 	}
-	p.recentSwept = p.now
+	p.recentSwept = now
 	for a, r := range p.recent {
 		if r.gone.IsZero() {
 			if e, _ := p.idx.LookupIP(a); e.Pod == "" {
-				r.gone = p.now
+				r.gone = now
 				p.recent[a] = r
 			}
 			continue
 		}
-		if p.now.Sub(r.gone) > goingWindow {
+		if now.Sub(r.gone) > goingWindow {
 			delete(p.recent, a)
 		}
 	}
@@ -103,9 +103,9 @@ func (p *Poller) forgetRecent() {
 // or in an unattributed reason, except the ingress entries of connections
 // a Cilium endpoint opened: its own node counts their bytes, from its
 // egress entry.
-func (p *Poller) count() {
+func (p *Poller) count(pr *pollRun) {
 	var noJob, notLocal, outside uint64
-	for _, d := range p.pending {
+	for _, d := range pr.pending {
 		if d.bytes > d.limit {
 			p.m.errors.WithLabelValues(reasonImplausible).Inc()
 			continue
@@ -115,7 +115,7 @@ func (p *Poller) count() {
 		openerIsPeer := false
 		if t.Ingress() {
 			switch {
-			case d.layout == LayoutSplit && !d.both:
+			case d.acceptorTx:
 				// tx_bytes of an ingress entry: what the acceptor sent.
 				local, peer = t.Dst, t.Src
 			case d.both || !endpointIdentity(d.secID) && !p.openerIsPod(t.Src):
@@ -136,7 +136,7 @@ func (p *Poller) count() {
 				continue
 			}
 		}
-		le := p.lookup(local)
+		le := p.lookup(local, pr.now)
 		if le.Node == "" || (p.cfg.Node != "" && le.Node != p.cfg.Node) {
 			notLocal += d.bytes
 			continue
@@ -145,7 +145,7 @@ func (p *Poller) count() {
 			noJob += d.bytes
 			continue
 		}
-		pe := p.lookup(peer)
+		pe := p.lookup(peer, pr.now)
 		src, dst := le.Zone, pe.Zone
 		if openerIsPeer {
 			src, dst = dst, src

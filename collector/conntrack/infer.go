@@ -115,6 +115,16 @@ func (p *Poller) setLayout(ts *tableState, l Layout) {
 	p.useLayout(l)
 }
 
+// layoutOf is the layout a map's entries are read with: the map's own
+// (decided from its entries or the Cilium version), else the forced or
+// last decided one.
+func (p *Poller) layoutOf(ts *tableState) Layout {
+	if ts.layout != LayoutAuto {
+		return ts.layout
+	}
+	return p.layout
+}
+
 // useLayout makes l the layout of maps without a decision of their own.
 func (p *Poller) useLayout(l Layout) {
 	if p.layout != l {

@@ -24,6 +24,15 @@ type pollStats struct {
 	localN     int // their entries
 }
 
+// pollRun is the scratch of one poll: made by Poll, gone with it.
+type pollRun struct {
+	now     time.Time
+	epoch   uint32
+	ready   bool // the index was filled when the poll began
+	pending []pending
+	st      pollStats
+}
+
 // Poll reads every map once and adds the byte deltas since the previous
 // poll.
 func (p *Poller) Poll(now time.Time) {
@@ -31,11 +40,9 @@ func (p *Poller) Poll(now time.Time) {
 	defer p.mu.Unlock()
 	start := time.Now()
 	p.epoch++
-	p.now = now
-	p.pending = p.pending[:0]
-	p.ready = p.cfg.Ready == nil || p.cfg.Ready()
-
-	var st pollStats
+	pr := &pollRun{now: now, epoch: p.epoch, ready: p.cfg.Ready == nil || p.cfg.Ready(), pending: p.spare[:0]}
+	defer func() { p.spare = pr.pending[:0] }()
+	st := &pr.st
 	present, failed := 0, 0
 	var failReason string
 	var failErr error
@@ -52,7 +59,7 @@ func (p *Poller) Poll(now time.Time) {
 		if err == nil {
 			err = CheckSizes(name, t.KeySize(), t.ValueSize())
 			if err == nil {
-				err = p.read(name, t, now, &st)
+				err = p.read(pr, name, t)
 			}
 			t.Close()
 		}
@@ -66,7 +73,7 @@ func (p *Poller) Poll(now time.Time) {
 		}
 	}
 	p.forgetGone(names)
-	p.reportLocal(st)
+	p.reportLocal(*st)
 	p.m.deleted.Add(float64(st.deleted))
 	p.m.activeGone.Add(float64(st.activeGone))
 	p.m.resets.Add(float64(st.resets))
@@ -103,9 +110,9 @@ func (p *Poller) Poll(now time.Time) {
 		reason = reasonAmbiguous
 	}
 	if !p.accountOff {
-		p.count()
+		p.count(pr)
 	}
-	p.forgetRecent()
+	p.forgetRecent(now)
 	if st.undecided && !p.undecidedSaid {
 		p.undecidedSaid = true
 		p.log.Info("conntrack layout not known yet (no Cilium version, too few ingress entries): counting egress entries, which read the same in both layouts; the growth of ingress entries is counted once the layout is known")

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/zonewatch/zonewatch/collector/jobcounter"
 	"github.com/zonewatch/zonewatch/topology"
 )
@@ -37,16 +38,15 @@ type Poller struct {
 	bytes *jobcounter.Vec[bytesKey]
 	up    atomic.Bool
 
-	mu      sync.Mutex // one poll at a time; guards what follows
-	tables  map[string]*tableState
-	epoch   uint32
-	pending []pending
-	names   []string // maps of this poll
-	// layout is the last layout decided for any map (or the forced one):
-	// maps without a decision of their own use it, as the same datapath
-	// writes them all.
+	mu     sync.Mutex // one poll at a time; guards what follows
+	tables map[string]*tableState
+	epoch  uint32    // polls made; tables mark the entries each one saw
+	spare  []pending // the last poll's deltas, emptied: reused, not state
+	names  []string  // maps of the last poll
+	// layout is the forced layout, or the last one decided for any map:
+	// maps without a decision of their own use it (layoutOf), as the
+	// same datapath writes them all.
 	layout     Layout
-	ready      bool // the index was filled when this poll began
 	accountOff bool
 	// touchedPolls counts the polls in a row with touched entries and no
 	// growth.
@@ -55,7 +55,7 @@ type Poller struct {
 	reason       string // why down, "" when up or before the first poll
 	polled       bool
 	// version is the Cilium version known (flag, SetCiliumVersion);
-	// versionLayout the layout it says (LayoutAuto: none).
+	// versionLayout the layout it says (LayoutAuto: none, or forced).
 	version       string
 	versionLayout Layout
 	undecidedSaid bool // "layout not known yet" logged
@@ -64,11 +64,9 @@ type Poller struct {
 	// (see podsWent); only Run touches it.
 	goneSeen  uint64
 	goneKnown bool
-	// recent remembers where job pods were (see lookup); now is the time
-	// of the poll in progress.
+	// recent remembers where job pods were (see lookup).
 	recent      map[netip.Addr]recentPod
 	recentSwept time.Time
-	now         time.Time
 
 	m selfMetrics
 }

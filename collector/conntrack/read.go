@@ -1,9 +1,6 @@
 package conntrack
 
-import (
-	"fmt"
-	"time"
-)
+import "fmt"
 
 // table returns the state of a map, new when the map was recreated.
 func (p *Poller) table(name string, t Table) *tableState {
@@ -19,10 +16,7 @@ func (p *Poller) table(name string, t Table) *tableState {
 	if ts == nil {
 		ts = newTableState()
 		ts.id = id
-		ts.layout = p.cfg.Layout
-		if ts.layout == LayoutAuto {
-			ts.layout = p.versionLayout
-		}
+		ts.layout = p.versionLayout // none when forced: see layoutOf
 		p.tables[name] = ts
 		p.m.layoutChanges.WithLabelValues(mapLabel(name))
 	}
@@ -30,7 +24,8 @@ func (p *Poller) table(name string, t Table) *tableState {
 }
 
 // read walks one map: baselines, deltas, and the evidence for the checks.
-func (p *Poller) read(name string, t Table, now time.Time, st *pollStats) error {
+func (p *Poller) read(pr *pollRun, name string, t Table) error {
+	st, now := &pr.st, pr.now
 	ts := p.table(name, t)
 	var max uint32
 	if m, ok := t.(interface{ MaxEntries() uint32 }); ok && !LocalMap(name) {
@@ -44,19 +39,18 @@ func (p *Poller) read(name string, t Table, now time.Time, st *pollStats) error 
 			limit = uint64(s * maxBytesPerSecond)
 		}
 	}
-	layout := ts.layout
-	if layout == LayoutAuto {
-		layout = p.layout
-	}
+	layout := p.layoutOf(ts)
 	// Until the index is filled, growth is held in the baselines rather
 	// than dropped, and counted once it is; so is the growth of ingress
 	// entries until the layout is known. Egress entries read the same in
 	// both layouts: offset 24 is what the opener sent (split tx_bytes) or
 	// both directions (combined bytes), counted for the opener either way.
-	epoch, n, entries := p.epoch, 0, 0
-	hold := !p.ready
+	epoch, n, entries := pr.epoch, 0, 0
+	hold := !pr.ready
 	holdIn := hold || layout == LayoutAuto
-	voteAll := ts.layout == LayoutAuto || p.cfg.Layout != LayoutAuto
+	// Votes count until the map's layout is decided, and always against
+	// a forced one (whose maps never decide one of their own).
+	voteAll := ts.layout == LayoutAuto
 	err := t.Each(func(key, val []byte) {
 		n++
 		flags := keyFlags(key)
@@ -114,7 +108,8 @@ func (p *Poller) read(name string, t Table, now time.Time, st *pollStats) error 
 			return
 		}
 		tu, _ := DecodeKey(key)
-		p.pending = append(p.pending, pending{tuple: tu, bytes: delta, limit: limit, secID: v.SrcSecID, layout: layout, both: both})
+		pr.pending = append(pr.pending, pending{tuple: tu, bytes: delta, limit: limit, secID: v.SrcSecID,
+			acceptorTx: ingress && layout == LayoutSplit && !both, both: both})
 	})
 	st.entries += entries
 	if err != nil {
