@@ -37,6 +37,10 @@ type Endpoint struct {
 	Region    string // empty when unknown
 	Job       *Job   // nil unless the pod belongs to a training job
 	Role      string // RoleCoordinator / RoleWorker for job pods
+	// Service is set when the address was a Service's cluster IP: the
+	// endpoint is then its one ready backend, or, with none or several
+	// (Node empty), the Service alone (services.go).
+	Service *ServiceName
 }
 
 // Known reports whether the index placed the endpoint on a node.
@@ -151,6 +155,9 @@ type Index struct {
 	gone     map[string]uint64
 	goneAll  uint64
 	goneWake chan struct{}
+
+	// svc holds the Services' cluster IPs and ready backends (services.go).
+	svc services
 
 	generation atomic.Uint64
 }
@@ -390,11 +397,20 @@ func samePod(a, b *Pod) bool {
 }
 
 // LookupIP places an IP: a job pod, else a node address or pod CIDR (a
-// non-job peer on that node), else unknown (false).
+// non-job peer on that node), else a Service's cluster IP (its one
+// backend, or the Service alone), else unknown (false).
 func (x *Index) LookupIP(a netip.Addr) (Endpoint, bool) {
 	a = a.Unmap()
 	x.mu.RLock()
 	defer x.mu.RUnlock()
+	if e, ok := x.lookupAddrLocked(a); ok {
+		return e, true
+	}
+	return x.lookupServiceLocked(a)
+}
+
+// lookupAddrLocked places a pod, node or pod-CIDR address.
+func (x *Index) lookupAddrLocked(a netip.Addr) (Endpoint, bool) {
 	if rec := x.podIPs[a]; rec != nil {
 		return x.podEndpointLocked(rec), true
 	}

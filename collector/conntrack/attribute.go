@@ -12,6 +12,10 @@ const (
 	unattrNoJob    = "no_job"
 	unattrNotLocal = "not_local"
 	unattrOutside  = "opened_outside_cluster"
+	// unattrService: the peer is a Service's cluster IP with no one
+	// backend to place it (none or several ready): the datapath left the
+	// VIP in the entry (kube-proxy DNATs after Cilium's conntrack).
+	unattrService = "service"
 )
 
 type pending struct {
@@ -51,6 +55,9 @@ func (p *Poller) openerIsPod(a netip.Addr) bool {
 // lookup; once the index no longer knows it, for goingWindow.
 func (p *Poller) lookup(a netip.Addr, now time.Time) topology.Endpoint {
 	e, _ := p.idx.LookupIP(a)
+	if e.Service != nil {
+		return e // a cluster IP: its backend is the index's to say, now
+	}
 	r, ok := p.recent[a]
 	switch {
 	case e.Pod != "":
@@ -104,7 +111,7 @@ func (p *Poller) forgetRecent(now time.Time) {
 // a Cilium endpoint opened: its own node counts their bytes, from its
 // egress entry.
 func (p *Poller) count(pr *pollRun) {
-	var noJob, notLocal, outside uint64
+	var noJob, notLocal, outside, service uint64
 	for _, d := range pr.pending {
 		if d.bytes > d.limit {
 			p.m.errors.WithLabelValues(reasonImplausible).Inc()
@@ -146,6 +153,10 @@ func (p *Poller) count(pr *pollRun) {
 			continue
 		}
 		pe := p.lookup(peer, pr.now)
+		if pe.Service != nil && !pe.Known() {
+			service += d.bytes
+			continue
+		}
 		src, dst := le.Zone, pe.Zone
 		if openerIsPeer {
 			src, dst = dst, src
@@ -155,4 +166,5 @@ func (p *Poller) count(pr *pollRun) {
 	p.m.unattributed.WithLabelValues(unattrNoJob).Add(float64(noJob))
 	p.m.unattributed.WithLabelValues(unattrNotLocal).Add(float64(notLocal))
 	p.m.unattributed.WithLabelValues(unattrOutside).Add(float64(outside))
+	p.m.unattributed.WithLabelValues(unattrService).Add(float64(service))
 }

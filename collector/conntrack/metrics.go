@@ -54,7 +54,7 @@ func newSelfMetrics() selfMetrics {
 		resets: prometheus.NewCounter(prometheus.CounterOpts{Name: "zonewatch_conntrack_entry_resets_total",
 			Help: "Conntrack entries whose byte counter went down between polls (entry recreated); their whole new counter was counted."}),
 		unattributed: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "zonewatch_conntrack_unattributed_bytes_total",
-			Help: "Measured bytes not added to any job, by reason: no_job (local endpoint is no training-job pod), not_local (no endpoint of the entry on this node), opened_outside_cluster (connection opened from outside the cluster into a pod)."}, []string{"reason"}),
+			Help: "Measured bytes not added to any job, by reason: no_job (local endpoint is no training-job pod), not_local (no endpoint of the entry on this node), opened_outside_cluster (connection opened from outside the cluster into a pod), service (the peer is a Service's cluster IP whose EndpointSlices name no single ready backend: the datapath left the VIP in the entry, as with kube-proxy)."}, []string{"reason"}),
 		duration: prometheus.NewGauge(prometheus.GaugeOpts{Name: "zonewatch_conntrack_poll_duration_seconds",
 			Help: "Time the last conntrack poll took."}),
 		layout: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "zonewatch_conntrack_layout_info",
@@ -65,7 +65,7 @@ func newSelfMetrics() selfMetrics {
 	for _, r := range errorReasons {
 		m.errors.WithLabelValues(r)
 	}
-	for _, r := range []string{unattrNoJob, unattrNotLocal, unattrOutside} {
+	for _, r := range []string{unattrNoJob, unattrNotLocal, unattrOutside, unattrService} {
 		m.unattributed.WithLabelValues(r)
 	}
 	return m

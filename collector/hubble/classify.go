@@ -251,6 +251,10 @@ func peerOf(r *Result, src, dst *EndpointFields) (relation, namespace, workload 
 	case e.Job != nil:
 		return PeerCluster, e.Job.Namespace, e.Job.Name
 	case e.Known():
+	case e.Service != nil:
+		// A Service's cluster IP with no single backend (the datapath
+		// left the VIP: kube-proxy); Hubble calls it world.
+		return PeerCluster, "", ""
 	case isWorld(ep):
 		return PeerWorld, "", ""
 	case !clusterIdentity(ep.Identity):

@@ -1,0 +1,211 @@
+package kube
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"sync/atomic"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/zonewatch/zonewatch/topology"
+)
+
+// Services feeds the index the cluster's Services (their cluster IPs) and
+// EndpointSlices (their ready addresses): where a datapath leaves a
+// connection's VIP in place (kube-proxy DNATs after Cilium's conntrack and
+// Hubble see the packet), the VIP is placed as the Service's one ready
+// backend, or counted as Service traffic (topology/services.go,
+// docs/conntrack.md). Both informers keep only those fields.
+type Services struct {
+	index    *topology.Index
+	logger   *slog.Logger
+	synced   []cache.InformerSynced
+	isSynced atomic.Bool
+	denied   *Denials
+	// Skipped counts objects whose addresses do not parse (counted and
+	// skipped, never placed).
+	Skipped atomic.Uint64
+}
+
+// CachedService is what the Service informer keeps of a Service.
+type CachedService struct {
+	topology.Service
+	ResourceVersion string
+}
+
+// CachedEndpointSlice is what the EndpointSlice informer keeps.
+type CachedEndpointSlice struct {
+	topology.EndpointSlice
+	ResourceVersion string
+}
+
+// NewServices prepares the Service and EndpointSlice informers; Run
+// starts them.
+func NewServices(client kubernetes.Interface, index *topology.Index, resync time.Duration, logger *slog.Logger) (*Services, informers.SharedInformerFactory, error) {
+	s := &Services{index: index, logger: logger, denied: NewDenials("kubernetes", logger)}
+	f := informers.NewSharedInformerFactoryWithOptions(client, resync)
+	si := f.Core().V1().Services().Informer()
+	if err := si.SetTransform(s.stripService); err != nil {
+		return nil, nil, fmt.Errorf("service informer transform: %w", err)
+	}
+	if err := s.denied.Watch(si, schema.GroupResource{Resource: "services"}); err != nil {
+		return nil, nil, fmt.Errorf("service informer error handler: %w", err)
+	}
+	reg, err := si.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(o any) { s.service(o) },
+		UpdateFunc: func(_, o any) { s.service(o) },
+		DeleteFunc: func(o any) {
+			if c, ok := tombstone(o).(*CachedService); ok {
+				index.DeleteService(c.Namespace, c.Name)
+			}
+		},
+	})
+	if err != nil {
+		return nil, nil, fmt.Errorf("service informer handler: %w", err)
+	}
+	s.synced = append(s.synced, reg.HasSynced)
+	ei := f.Discovery().V1().EndpointSlices().Informer()
+	if err := ei.SetTransform(s.stripSlice); err != nil {
+		return nil, nil, fmt.Errorf("endpointslice informer transform: %w", err)
+	}
+	if err := s.denied.Watch(ei, schema.GroupResource{Group: "discovery.k8s.io", Resource: "endpointslices"}); err != nil {
+		return nil, nil, fmt.Errorf("endpointslice informer error handler: %w", err)
+	}
+	reg, err = ei.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(o any) { s.slice(o) },
+		UpdateFunc: func(_, o any) { s.slice(o) },
+		DeleteFunc: func(o any) {
+			if c, ok := tombstone(o).(*CachedEndpointSlice); ok {
+				index.DeleteEndpointSlice(c.Namespace, c.Name)
+			}
+		},
+	})
+	if err != nil {
+		return nil, nil, fmt.Errorf("endpointslice informer handler: %w", err)
+	}
+	s.synced = append(s.synced, reg.HasSynced)
+	return s, f, nil
+}
+
+// Run starts the informers and waits for their first sync (or ctx).
+func (s *Services) Run(ctx context.Context, f informers.SharedInformerFactory) error {
+	f.Start(ctx.Done())
+	if !cache.WaitForCacheSync(ctx.Done(), s.synced...) {
+		return fmt.Errorf("waiting for service and endpointslice informers to sync: %w", ctx.Err())
+	}
+	s.isSynced.Store(true)
+	svcs, vips := s.index.ServiceCounts()
+	s.logger.Info("service informers synced", "services", svcs, "cluster_ips", vips)
+	return nil
+}
+
+// Up reports whether both informers have synced.
+func (s *Services) Up() bool {
+	if !s.isSynced.Load() {
+		return false
+	}
+	for _, f := range s.synced {
+		if !f() {
+			return false
+		}
+	}
+	return true
+}
+
+func (s *Services) service(o any) {
+	if c, ok := o.(*CachedService); ok {
+		s.index.UpsertService(c.Service)
+	}
+}
+
+func (s *Services) slice(o any) {
+	if c, ok := o.(*CachedEndpointSlice); ok {
+		s.index.UpsertEndpointSlice(c.EndpointSlice)
+	}
+}
+
+// stripService keeps a Service's name and cluster IPs (none for a
+// headless Service, "None").
+func (s *Services) stripService(obj any) (any, error) {
+	svc, ok := obj.(*corev1.Service)
+	if !ok {
+		return obj, nil
+	}
+	c, bad := ServiceFrom(svc)
+	if bad > 0 {
+		s.Skipped.Add(uint64(bad))
+	}
+	return &CachedService{Service: c, ResourceVersion: svc.ResourceVersion}, nil
+}
+
+// stripSlice keeps an EndpointSlice's Service and ready addresses.
+func (s *Services) stripSlice(obj any) (any, error) {
+	es, ok := obj.(*discoveryv1.EndpointSlice)
+	if !ok {
+		return obj, nil
+	}
+	c, bad := EndpointSliceFrom(es)
+	if bad > 0 {
+		s.Skipped.Add(uint64(bad))
+	}
+	return &CachedEndpointSlice{EndpointSlice: c, ResourceVersion: es.ResourceVersion}, nil
+}
+
+// ServiceFrom converts a Service: its cluster IPs (spec.clusterIPs, else
+// spec.clusterIP), and how many did not parse. ExternalName and headless
+// Services have none.
+func ServiceFrom(svc *corev1.Service) (topology.Service, int) {
+	out := topology.Service{Namespace: svc.Namespace, Name: svc.Name}
+	ips := svc.Spec.ClusterIPs
+	if len(ips) == 0 && svc.Spec.ClusterIP != "" {
+		ips = []string{svc.Spec.ClusterIP}
+	}
+	bad := 0
+	for _, s := range ips {
+		if s == "" || s == corev1.ClusterIPNone {
+			continue
+		}
+		a, err := netip.ParseAddr(s)
+		if err != nil {
+			bad++
+			continue
+		}
+		out.ClusterIPs = append(out.ClusterIPs, a)
+	}
+	return out, bad
+}
+
+// EndpointSliceFrom converts an EndpointSlice: its Service (label
+// kubernetes.io/service-name; empty for a slice of no Service) and the
+// addresses of its ready endpoints (conditions.ready unset counts as
+// ready, as the API says), and how many addresses did not parse. FQDN
+// slices have no addresses to place.
+func EndpointSliceFrom(es *discoveryv1.EndpointSlice) (topology.EndpointSlice, int) {
+	out := topology.EndpointSlice{Namespace: es.Namespace, Name: es.Name, Service: es.Labels[discoveryv1.LabelServiceName]}
+	if es.AddressType == discoveryv1.AddressTypeFQDN {
+		return out, 0
+	}
+	bad := 0
+	for _, e := range es.Endpoints {
+		if e.Conditions.Ready != nil && !*e.Conditions.Ready {
+			continue
+		}
+		for _, s := range e.Addresses {
+			a, err := netip.ParseAddr(s)
+			if err != nil {
+				bad++
+				continue
+			}
+			out.Ready = append(out.Ready, a)
+		}
+	}
+	return out, bad
+}
