@@ -149,12 +149,9 @@ type Index struct {
 	// scheduled pods there and how many. It makes Placements(node) cost
 	// O(this node's jobs and their pods), whatever the cluster size.
 	nodeJobs map[string]map[jobKey]int
-	// gone counts, by node, the job pods that stopped counting for
-	// placement (terminating, finished, deleted, no job any more); goneAll
-	// every node's. goneWake is closed and replaced at each (PodsGone).
-	gone     map[string]uint64
-	goneAll  uint64
-	goneWake chan struct{}
+	// departed logs the job pods that stopped counting for placement
+	// (PodsGone).
+	departed departures
 
 	// svc holds the Services' cluster IPs and ready backends (services.go).
 	svc services
@@ -171,8 +168,7 @@ func NewIndex() *Index {
 		pods:     map[podKey]*podRec{},
 		podIPs:   map[netip.Addr]*podRec{},
 		jobs:     map[jobKey]*jobRec{},
-		gone:     map[string]uint64{},
-		goneWake: make(chan struct{}),
+		departed: departures{wake: make(chan struct{})},
 		nodeJobs: map[string]map[jobKey]int{},
 	}
 }
@@ -266,10 +262,10 @@ func (x *Index) UpsertPod(source int, p Pod) {
 			return
 		}
 		sources |= old.sources
-		x.removePodLocked(old)
 		if old.Scheduled() && (p.Identity.Name == "" || !p.Scheduled() || p.Node != old.Node) {
-			x.wentLocked(old.Node)
+			x.departLocked(old)
 		}
+		x.removePodLocked(old)
 	}
 	if p.Identity.Name == "" {
 		x.generation.Add(1)
@@ -328,10 +324,10 @@ func (x *Index) DeletePod(source int, namespace, name string) {
 	}
 	rec.sources &^= uint64(1) << source
 	if rec.sources == 0 {
-		x.removePodLocked(rec)
 		if rec.Scheduled() {
-			x.wentLocked(rec.Node)
+			x.departLocked(rec)
 		}
+		x.removePodLocked(rec)
 	}
 	x.generation.Add(1)
 }
@@ -365,28 +361,6 @@ func (x *Index) removePodLocked(rec *podRec) {
 			delete(x.jobs, jobKey{j.Namespace, j.Name})
 		}
 	}
-}
-
-// wentLocked records that a job pod of node stopped counting.
-func (x *Index) wentLocked(node string) {
-	x.gone[node]++
-	x.goneAll++
-	close(x.goneWake)
-	x.goneWake = make(chan struct{})
-}
-
-// PodsGone returns how many job pods of node (of every node when node is
-// empty) have stopped counting for placement since the index began
-// (terminating, finished, deleted), and a channel closed when the next
-// pod of any node does. Unlike comparing Placements from time to time, it
-// misses no pod that came and went between two looks.
-func (x *Index) PodsGone(node string) (uint64, <-chan struct{}) {
-	x.mu.RLock()
-	defer x.mu.RUnlock()
-	if node == "" {
-		return x.goneAll, x.goneWake
-	}
-	return x.gone[node], x.goneWake
 }
 
 // samePod reports whether an update changes nothing the index keeps.

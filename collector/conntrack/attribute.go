@@ -78,6 +78,25 @@ func (p *Poller) lookup(a netip.Addr, now time.Time) topology.Endpoint {
 	return e
 }
 
+// remember keeps the places of departed job pods (any node's: a peer's
+// zone counts too) for the reads their going triggers, as if looked up
+// just before they left the index.
+func (p *Poller) remember(ds []topology.Departure) {
+	if len(ds) == 0 {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, d := range ds {
+		for _, a := range d.IPs {
+			a = a.Unmap()
+			if r, ok := p.recent[a]; !ok || r.ep != d.Endpoint || !r.gone.IsZero() {
+				p.recent[a] = recentPod{ep: d.Endpoint}
+			}
+		}
+	}
+}
+
 // recentPod is a job pod's place as the index last told it, and when
 // the index was first found without it.
 type recentPod struct {

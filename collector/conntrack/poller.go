@@ -60,10 +60,11 @@ type Poller struct {
 	versionLayout Layout
 	undecidedSaid bool // "layout not known yet" logged
 
-	// The index's count of this node's job pods gone, as Run last saw it
-	// (see podsWent); only Run touches it.
+	// The index's cursor of departed job pods, as Run last saw it, and the
+	// buffer it reads them into (see podsWent); only Run touches them.
 	goneSeen  uint64
 	goneKnown bool
+	departed  []topology.Departure
 	// recent remembers where job pods were (see lookup).
 	recent      map[netip.Addr]recentPod
 	recentSwept time.Time

@@ -2,7 +2,10 @@ package conntrack
 
 import (
 	"context"
+	"math"
 	"time"
+
+	"github.com/zonewatch/zonewatch/topology"
 )
 
 // Run polls every interval until ctx ends. When a job pod of this node
@@ -72,28 +75,41 @@ func (s *schedule) polled(at time.Time, took time.Duration) { s.last, s.took = a
 // podIndex is what the topology index tells about pods that go; an Index
 // without it gets no reads on pod changes.
 type podIndex interface {
-	PodsGone(node string) (uint64, <-chan struct{})
+	PodsGone(after uint64, dst []topology.Departure) ([]topology.Departure, uint64, bool, <-chan struct{})
 }
 
 // podsWent reports whether a job pod of this node (of any node with an
 // empty Config.Node) stopped counting for placement since the last call
 // (terminating, finished or deleted), and returns the channel closed at
-// the next pod's going (nil without a podIndex). It counts the index's
-// events rather than comparing the pods seen at each call: a pod that
-// came and went between two calls, as a short-lived one does (created,
-// moving its bytes and deleted within a second), is not missed. Only Run
-// calls it.
+// the next pod's going (nil without a podIndex). It reads the index's log
+// of departures rather than comparing the pods seen at each call: a pod
+// that came and went between two calls, as a short-lived one does
+// (created, moving its bytes and deleted within a second), is not missed,
+// and its place, which the index forgets at once when it finished or was
+// deleted, is remembered for the reads its going triggers. Only Run calls
+// it.
 func (p *Poller) podsWent() (bool, <-chan struct{}) {
 	pi, ok := p.idx.(podIndex)
 	if !ok {
 		return false, nil
 	}
-	n, wake := pi.PodsGone(p.cfg.Node)
-	first := !p.goneKnown
-	went := !first && n != p.goneSeen
-	if went {
-		p.log.Debug("job pod went: reading the conntrack maps now", "node", p.cfg.Node, "pods", n-p.goneSeen)
+	after := p.goneSeen
+	if !p.goneKnown {
+		after = math.MaxUint64 // the first call takes the cursor there is now
 	}
-	p.goneSeen, p.goneKnown = n, true
-	return went, wake
+	ds, next, missed, wake := pi.PodsGone(after, p.departed[:0])
+	p.goneSeen, p.goneKnown, p.departed = next, true, ds[:0]
+	here := 0
+	for _, d := range ds {
+		if p.cfg.Node == "" || d.Endpoint.Node == p.cfg.Node {
+			here++
+		}
+	}
+	if missed {
+		p.log.Warn("more job pods went at once than the index remembers: reading the conntrack maps now, but the last bytes of some may count as no_job", "node", p.cfg.Node)
+	} else if here > 0 {
+		p.log.Debug("job pod went: reading the conntrack maps now", "node", p.cfg.Node, "pods", here)
+	}
+	p.remember(ds)
+	return here > 0 || missed, wake
 }
