@@ -157,6 +157,10 @@ type Index struct {
 	svc services
 
 	generation atomic.Uint64
+
+	// remote is set in the per-node view (SetRemote): addresses that are
+	// no pod of a job held are placed through the node's ipcache.
+	remote *remoteView
 }
 
 // NewIndex returns an empty index.
@@ -370,9 +374,10 @@ func samePod(a, b *Pod) bool {
 		a.Identity == b.Identity && slices.Equal(a.IPs, b.IPs)
 }
 
-// LookupIP places an IP: a job pod, else a node address or pod CIDR (a
-// non-job peer on that node), else a Service's cluster IP (its one
-// backend, or the Service alone), else unknown (false).
+// LookupIP places an IP: a job pod, else a node address, else (in the
+// per-node view, SetRemote) the ipcache's node and the identity's job,
+// else a pod CIDR (a non-job peer on that node), else a Service's cluster
+// IP (its one backend, or the Service alone), else unknown (false).
 func (x *Index) LookupIP(a netip.Addr) (Endpoint, bool) {
 	a = a.Unmap()
 	x.mu.RLock()
@@ -390,6 +395,11 @@ func (x *Index) lookupAddrLocked(a netip.Addr) (Endpoint, bool) {
 	}
 	if n := x.nodeIPs[a]; n != nil {
 		return Endpoint{Node: n.Name, Zone: n.zone, Region: n.Region}, true
+	}
+	if x.remote != nil {
+		if e, ok := x.remoteLocked(a); ok {
+			return e, true
+		}
 	}
 	for _, bits := range x.cidrBits {
 		if bits > a.BitLen() {
@@ -444,7 +454,8 @@ func (x *Index) podEndpointLocked(rec *podRec) Endpoint {
 func (x *Index) JobExists(namespace, name string) bool {
 	x.mu.RLock()
 	defer x.mu.RUnlock()
-	return x.jobs[jobKey{namespace, name}] != nil
+	jk := jobKey{namespace, name}
+	return x.jobs[jk] != nil || x.remoteJobExistsLocked(jk)
 }
 
 // PodPlacement is one scheduled job pod.

@@ -1,0 +1,99 @@
+package topology
+
+import (
+	"net/netip"
+	"testing"
+)
+
+// fakeCilium is an ipcache and identity table as a node's agent holds
+// them; tests set entries directly.
+type fakeCilium struct {
+	entries map[netip.Addr]RemoteEntry
+	ids     map[uint32]map[string]string // identity -> labels (namespace "ml")
+}
+
+func (f *fakeCilium) Lookup(a netip.Addr) (RemoteEntry, bool) {
+	e, ok := f.entries[a]
+	return e, ok
+}
+
+func (f *fakeCilium) Labels(id uint32) (string, map[string]string, bool) {
+	l, ok := f.ids[id]
+	return "ml", l, ok
+}
+
+// TestRemoteView: in the per-node view, an address that is no pod of a
+// held job is placed by its ipcache entry's node (before the pod CIDRs,
+// which a lean node view may lack), named by its identity's job; a local
+// endpoint (no tunnel endpoint) is on this node; a job named by an
+// identity exists while the identity does.
+func TestRemoteView(t *testing.T) {
+	x := testIndex()
+	f := &fakeCilium{
+		entries: map[netip.Addr]RemoteEntry{
+			ip("10.244.2.9"):  {NodeIP: ip("172.18.1.10"), Identity: 70001},   // a pod of another job on n-b
+			ip("10.244.2.10"): {NodeIP: ip("172.18.1.10"), Identity: 70002},   // a pod of no job on n-b
+			ip("10.244.1.77"): {NodeIP: netip.IPv4Unspecified(), Identity: 2}, // this node's (n-a) pod of no job
+			ip("10.246.0.1"):  {NodeIP: ip("172.18.1.10"), Identity: 70003},   // outside every pod CIDR, on n-b
+			ip("10.247.0.1"):  {NodeIP: ip("192.0.2.1"), Identity: 70001},     // an unknown node: not placed by the ipcache
+			ip("10.244.2.11"): {NodeIP: ip("172.18.1.10"), Identity: 70004},   // an Indexed Job's pod: minimum pods unknown
+		},
+		ids: map[uint32]map[string]string{
+			70001: {"training.kubeflow.org/job-name": "gpt", "training.kubeflow.org/operator-name": "pytorchjob-controller"},
+			70002: {"app": "web"},
+			70003: {"volcano.sh/job-name": "sim"},
+			70004: {"batch.kubernetes.io/job-name": "idx"},
+		},
+	}
+	x.SetRemote("n-a", f, f, DefaultRules())
+	for _, c := range []struct {
+		ip              string
+		ok              bool
+		node, zone, job string
+		pod             string
+	}{
+		{ip: "10.244.2.5", ok: true, node: "n-b", zone: "z-b", job: "bert", pod: "bert-master-0"}, // held: the index decides
+		{ip: "10.244.2.9", ok: true, node: "n-b", zone: "z-b", job: "gpt"},
+		{ip: "10.244.2.10", ok: true, node: "n-b", zone: "z-b"},
+		{ip: "10.244.1.77", ok: true, node: "n-a", zone: "z-a"},
+		{ip: "10.246.0.1", ok: true, node: "n-b", zone: "z-b", job: "sim"},
+		{ip: "10.247.0.1", ok: false, zone: UnknownZone},
+		{ip: "10.244.2.11", ok: true, node: "n-b", zone: "z-b"},
+		{ip: "172.18.1.10", ok: true, node: "n-b", zone: "z-b"},
+		{ip: "10.244.2.99", ok: true, node: "n-b", zone: "z-b"}, // no entry: the pod CIDR
+	} {
+		e, ok := x.LookupIP(ip(c.ip))
+		job := ""
+		if e.Job != nil {
+			job = e.Job.Name
+			if e.Namespace != "ml" || e.Job.Namespace != "ml" {
+				t.Errorf("LookupIP(%s) = %+v: not in ml", c.ip, e)
+			}
+		}
+		if ok != c.ok || e.Node != c.node || e.Zone != c.zone || job != c.job || e.Pod != c.pod {
+			t.Errorf("LookupIP(%s) = %+v, %v", c.ip, e, ok)
+		}
+	}
+	a, _ := x.LookupIP(ip("10.244.2.9"))
+	b, _ := x.LookupIP(ip("10.247.0.1"))
+	if b.Job != nil {
+		t.Fatalf("unplaced address named a job: %+v", b)
+	}
+	if a2, _ := x.LookupIP(ip("10.244.2.9")); a2.Job != a.Job {
+		t.Fatal("one job, two *Job")
+	}
+	if !x.JobExists("ml", "gpt") || x.JobExists("ml", "idx") {
+		t.Fatal("JobExists of identity-named jobs")
+	}
+	delete(f.ids, 70001)
+	if x.JobExists("ml", "gpt") {
+		t.Fatal("a job whose identities are gone still exists")
+	}
+	allocs := testing.AllocsPerRun(1000, func() {
+		x.LookupIP(ip("10.244.2.10"))
+		x.LookupIP(ip("10.246.0.1"))
+	})
+	if allocs != 0 {
+		t.Fatalf("remote lookups allocate: %v allocs per run", allocs)
+	}
+}
