@@ -5,14 +5,44 @@ import (
 	"sync"
 )
 
-// RemoteEntry is what the node's Cilium ipcache says of an address: the
-// node it lives on (the tunnel endpoint, set in tunnel and native routing
-// alike; unspecified for this node's own endpoints) and its security
-// identity.
+// RemoteEntry is what the node's Cilium ipcache says of an address
+// (collector/ipcache's Entry): the node it lives on when that is another
+// node (the tunnel endpoint, set in tunnel and native routing alike; the
+// zero Addr for this node's endpoints, node addresses and world
+// prefixes), its security identity, and the prefix length of the entry
+// that matched (the address's own: 32 or 128).
 type RemoteEntry struct {
 	NodeIP   netip.Addr
 	Identity uint32
 	Flags    uint8
+	Bits     uint8
+}
+
+// Reserved security identities the per-node view reads (Cilium's
+// pkg/identity: world 2, 9 and 10; remote-node 6; kube-apiserver 7; the
+// node-local scope of CIDR identities, 1<<24).
+const (
+	identityWorld      = 2
+	identityRemoteNode = 6
+	identityAPIServer  = 7
+	identityWorldIPv4  = 9
+	identityWorldIPv6  = 10
+	identityLocalScope = 1 << 24
+)
+
+// localEndpoint reports whether an entry without a tunnel endpoint is an
+// endpoint of this node: the address's own entry with an endpoint's
+// identity (a pod's, the health or init endpoint's), not a node address
+// (remote-node names no node) or a world or CIDR prefix.
+func localEndpoint(a netip.Addr, e RemoteEntry) bool {
+	if int(e.Bits) != a.BitLen() {
+		return false
+	}
+	switch e.Identity {
+	case 0, identityWorld, identityWorldIPv4, identityWorldIPv6, identityRemoteNode, identityAPIServer:
+		return false
+	}
+	return e.Identity&0xFF000000 != identityLocalScope
 }
 
 // IPCache looks addresses up in the node's Cilium ipcache
@@ -71,15 +101,21 @@ func (x *Index) remoteLocked(a netip.Addr) (Endpoint, bool) {
 		return Endpoint{}, false
 	}
 	var n *nodeRec
-	if ent.NodeIP.IsValid() && !ent.NodeIP.IsUnspecified() {
+	switch {
+	case ent.NodeIP.IsValid() && !ent.NodeIP.IsUnspecified():
 		n = x.nodeIPs[ent.NodeIP.Unmap()]
-	} else {
+	case localEndpoint(a, ent):
 		n = x.nodes[r.node]
 	}
 	if n == nil {
 		return Endpoint{}, false
 	}
 	e := Endpoint{Node: n.Name, Zone: n.zone, Region: n.Region}
+	// Only an endpoint's own entry names its identity's job (a pod CIDR
+	// entry of tunnel mode names the node alone).
+	if int(ent.Bits) != a.BitLen() {
+		return e, true
+	}
 	if j := x.identityJobLocked(ent.Identity); j != nil {
 		e.Namespace, e.Job = j.Namespace, j // its role is not known here
 	}

@@ -14,6 +14,12 @@ type fakeCilium struct {
 
 func (f *fakeCilium) Lookup(a netip.Addr) (RemoteEntry, bool) {
 	e, ok := f.entries[a]
+	if !ok {
+		return RemoteEntry{Identity: 2}, true // the world prefix, 0.0.0.0/0
+	}
+	if e.Bits == 0 {
+		e.Bits = 32
+	}
 	return e, ok
 }
 
@@ -31,12 +37,15 @@ func TestRemoteView(t *testing.T) {
 	x := testIndex()
 	f := &fakeCilium{
 		entries: map[netip.Addr]RemoteEntry{
-			ip("10.244.2.9"):  {NodeIP: ip("172.18.1.10"), Identity: 70001},   // a pod of another job on n-b
-			ip("10.244.2.10"): {NodeIP: ip("172.18.1.10"), Identity: 70002},   // a pod of no job on n-b
-			ip("10.244.1.77"): {NodeIP: netip.IPv4Unspecified(), Identity: 2}, // this node's (n-a) pod of no job
-			ip("10.246.0.1"):  {NodeIP: ip("172.18.1.10"), Identity: 70003},   // outside every pod CIDR, on n-b
-			ip("10.247.0.1"):  {NodeIP: ip("192.0.2.1"), Identity: 70001},     // an unknown node: not placed by the ipcache
-			ip("10.244.2.11"): {NodeIP: ip("172.18.1.10"), Identity: 70004},   // an Indexed Job's pod: minimum pods unknown
+			ip("10.244.2.9"):  {NodeIP: ip("172.18.1.10"), Identity: 70001},           // a pod of another job on n-b
+			ip("10.244.2.10"): {NodeIP: ip("172.18.1.10"), Identity: 70002},           // a pod of no job on n-b
+			ip("10.244.1.77"): {NodeIP: netip.IPv4Unspecified(), Identity: 2},         // this node's (n-a) pod of no job
+			ip("10.246.0.1"):  {NodeIP: ip("172.18.1.10"), Identity: 70003},           // outside every pod CIDR, on n-b
+			ip("10.247.0.1"):  {NodeIP: ip("192.0.2.1"), Identity: 70001},             // an unknown node: not placed by the ipcache
+			ip("10.244.2.11"): {NodeIP: ip("172.18.1.10"), Identity: 70004},           // an Indexed Job's pod: minimum pods unknown
+			ip("10.244.2.12"): {NodeIP: ip("172.18.1.10"), Identity: 70001, Bits: 24}, // tunnel mode's pod CIDR entry: the node alone
+			ip("10.248.0.1"):  {Identity: 6},                                          // another node's address: which one is not said
+			ip("10.248.0.2"):  {Identity: 1<<24 | 5},                                  // a CIDR identity
 		},
 		ids: map[uint32]map[string]string{
 			70001: {"training.kubeflow.org/job-name": "gpt", "training.kubeflow.org/operator-name": "pytorchjob-controller"},
@@ -60,7 +69,11 @@ func TestRemoteView(t *testing.T) {
 		{ip: "10.247.0.1", ok: false, zone: UnknownZone},
 		{ip: "10.244.2.11", ok: true, node: "n-b", zone: "z-b"},
 		{ip: "172.18.1.10", ok: true, node: "n-b", zone: "z-b"},
-		{ip: "10.244.2.99", ok: true, node: "n-b", zone: "z-b"}, // no entry: the pod CIDR
+		{ip: "10.244.2.99", ok: true, node: "n-b", zone: "z-b"}, // the world prefix: the pod CIDR
+		{ip: "10.244.2.12", ok: true, node: "n-b", zone: "z-b"},
+		{ip: "10.248.0.1", ok: false, zone: UnknownZone},
+		{ip: "10.248.0.2", ok: false, zone: UnknownZone},
+		{ip: "8.8.8.8", ok: false, zone: UnknownZone},
 	} {
 		e, ok := x.LookupIP(ip(c.ip))
 		job := ""
