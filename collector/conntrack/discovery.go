@@ -1,6 +1,7 @@
 package conntrack
 
 import (
+	"fmt"
 	"slices"
 	"strings"
 )
@@ -25,23 +26,32 @@ func LocalMap(name string) bool {
 }
 
 // mapNames returns the maps to read this poll: the configured ones, or the
-// global ones plus every per-endpoint map the source lists.
-func (p *Poller) mapNames() []string {
+// global ones plus every per-endpoint map the source lists. When the
+// listing fails it returns the maps listed last, and the error: forgetting
+// the per-endpoint maps would make their next read a baseline, and what
+// they moved meanwhile would be lost.
+func (p *Poller) mapNames() ([]string, error) {
 	if p.cfg.Maps != nil {
-		return p.cfg.Maps
+		return p.cfg.Maps, nil
+	}
+	l, ok := p.src.(Lister)
+	if !ok {
+		return MapNames, nil
+	}
+	listed, err := l.List()
+	if err != nil {
+		if p.names == nil {
+			return MapNames, fmt.Errorf("%w: listing the conntrack maps: %w", errRead, err)
+		}
+		return p.names, fmt.Errorf("%w: listing the conntrack maps (reading the %d listed before): %w", errRead, len(p.names), err)
 	}
 	p.names = append(p.names[:0], MapNames...)
-	if l, ok := p.src.(Lister); ok {
-		names, err := l.List()
-		if err == nil {
-			for _, n := range names {
-				if LocalMap(n) {
-					p.names = append(p.names, n)
-				}
-			}
+	for _, n := range listed {
+		if LocalMap(n) {
+			p.names = append(p.names, n)
 		}
 	}
-	return p.names
+	return p.names, nil
 }
 
 // forgetGone drops the state of maps no longer listed (an endpoint's map

@@ -46,7 +46,14 @@ func (p *Poller) Poll(now time.Time) {
 	present, failed := 0, 0
 	var failReason string
 	var failErr error
-	names := p.mapNames()
+	names, err := p.mapNames()
+	if err != nil {
+		// The listing counts as one more map read that failed.
+		present++
+		failed++
+		p.m.errors.WithLabelValues(reasonRead).Inc()
+		failReason, failErr = reasonRead, err
+	}
 	for _, name := range names {
 		t, err := p.src.Open(name)
 		if errors.Is(err, fs.ErrNotExist) {
