@@ -64,6 +64,9 @@ func (p *hubblePart) start(ctx context.Context, w *wiring, in *inputs) error {
 	}
 	checkSocket(w.logger, "hubble", cfg.Address, "the Hubble socket is root's, mode 0660, group cilium where that group exists: run as root, or set the chart's hubble.socketGroup to that group's gid")
 	agg := hubble.NewAggregator(w.index, w.nodeName, *p.grace, hubble.NewMetrics(w.self))
+	if in.fences != nil {
+		agg.SetFences(in.fences)
+	}
 	client := hubble.NewClient(cfg, agg)
 	w.exporter.Add("hubble", agg)
 	w.exporter.AddSource("hubble", client)

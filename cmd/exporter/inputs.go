@@ -3,10 +3,12 @@ package main
 import (
 	"context"
 
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/metadata"
 
 	"github.com/zonewatch/zonewatch/collector/conntrack"
+	"github.com/zonewatch/zonewatch/collector/fence"
 	"github.com/zonewatch/zonewatch/collector/gpu"
 	"github.com/zonewatch/zonewatch/collector/hubble"
 	"github.com/zonewatch/zonewatch/collector/probe"
@@ -20,6 +22,12 @@ type inputs struct {
 	// meta reads owner objects' metadata (top-owner resolution); nil: the
 	// pods' own owner references only.
 	meta metadata.Interface
+	// dyn reads Cilium's policies and identities (fence.go); nil: the
+	// fence of a default-deny drop is not named.
+	dyn dynamic.Interface
+	// fences is the fence part's policy set, which the hubble part names
+	// default-deny drops from; nil when off.
+	fences *fence.Set
 	// hubble is the Observer's address and TLS; the part adds the rest.
 	hubble hubble.Config
 	gpu    gpuInput
@@ -57,10 +65,10 @@ func realInputs(o *options) (*inputs, error) {
 	for _, p := range parts {
 		p.input(in)
 	}
-	client, meta, err := kubeClient(*o.kubeconfig)
+	client, meta, dyn, err := kubeClient(*o.kubeconfig)
 	if err != nil {
 		return nil, err
 	}
-	in.kube, in.meta = client, meta
+	in.kube, in.meta, in.dyn = client, meta, dyn
 	return in, nil
 }

@@ -105,6 +105,10 @@ type Result struct {
 	// PolicyNamespace / PolicyName name the denying policy when the flow
 	// carries it (policy-verdict events, Cilium >= 1.16), else empty.
 	PolicyNamespace, PolicyName string
+	// PolicySource says who named the policy (PolicySourceCilium,
+	// PolicySourceSelected); empty when none is named. Set by the
+	// Aggregator, not the Classifier.
+	PolicySource string
 	// Peer is the other side's relation to Job (PeerJob, ...);
 	// PeerNamespace/PeerWorkload name a cluster peer's workload (its job,
 	// else Hubble's workload name), empty when unnamed.

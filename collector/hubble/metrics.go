@@ -13,14 +13,14 @@ import (
 
 var (
 	policyDropsDesc = prometheus.NewDesc("zonewatch_job_policy_drops_total",
-		"Packets of a training job dropped by network policy (Hubble drop events), counted on the node where they were dropped. peer is the other side's relation to the job (job: its own pods, cluster, world, unknown); policy is namespace/name of the denying policy when Cilium names it, else empty (default deny).",
-		[]string{"namespace", "job_name", "direction", "src_zone", "dst_zone", "locality", "peer", "reason", "policy"}, nil)
+		"Packets of a training job dropped by network policy (Hubble drop events), counted on the node where they were dropped. peer is the other side's relation to the job (job: its own pods, cluster, world, unknown); policy is namespace/name of the denying policy (name alone for a cluster-wide one); policy_source says who named it: cilium (Cilium named it), selected (a default-deny drop Cilium named no policy of: zonewatch names the policies that select the denying endpoint in that direction and allow none of the peer, at most 3 and +N, comma-separated), empty when none is named.",
+		[]string{"namespace", "job_name", "direction", "src_zone", "dst_zone", "locality", "peer", "reason", "policy", "policy_source"}, nil)
 	flowEventsDesc = prometheus.NewDesc("zonewatch_job_flow_events_total",
 		"Hubble flow events of a training job: forwarded events once on the sending node (replies not counted), drops where they happen. peer is the other side's relation to the job (job, cluster, world, unknown). Events, not packets or bytes.",
 		[]string{"namespace", "job_name", "src_zone", "dst_zone", "locality", "peer", "verdict"}, nil)
 	peerDropsDesc = prometheus.NewDesc("zonewatch_job_peer_policy_drops_total",
-		"Policy drops of a training job's traffic with peers outside the job, by the peer's workload: peer_namespace/peer_workload name another job or Hubble's workload of the peer, empty for a host, a world address, an unnamed peer, or beyond the first 8 named peers of the job on this node.",
-		[]string{"namespace", "job_name", "peer", "peer_namespace", "peer_workload", "locality", "policy"}, nil)
+		"Policy drops of a training job's traffic with peers outside the job, by the peer's workload: peer_namespace/peer_workload name another job or Hubble's workload of the peer, empty for a host, a world address, an unnamed peer, or beyond the first 8 named peers of the job on this node. policy and policy_source as in zonewatch_job_policy_drops_total.",
+		[]string{"namespace", "job_name", "peer", "peer_namespace", "peer_workload", "locality", "policy", "policy_source"}, nil)
 )
 
 // MaxNamedPeers bounds zonewatch_job_peer_policy_drops_total: each job
@@ -35,6 +35,7 @@ type DropKey struct {
 	Direction, SrcZone, DstZone string
 	Locality, Peer, Reason      string
 	PolicyNamespace, PolicyName string
+	PolicySource                string
 }
 
 // JobKey implements jobcounter.Key.
@@ -42,7 +43,7 @@ func (k DropKey) JobKey() (string, string) { return k.Namespace, k.Job }
 
 // LabelValues implements jobcounter.Key.
 func (k DropKey) LabelValues() []string {
-	return []string{k.Namespace, k.Job, k.Direction, k.SrcZone, k.DstZone, k.Locality, k.Peer, k.Reason, policyLabel(k.PolicyNamespace, k.PolicyName)}
+	return []string{k.Namespace, k.Job, k.Direction, k.SrcZone, k.DstZone, k.Locality, k.Peer, k.Reason, policyLabel(k.PolicyNamespace, k.PolicyName), k.PolicySource}
 }
 
 // EventKey is one zonewatch_job_flow_events_total series.
@@ -67,6 +68,7 @@ type PeerDropKey struct {
 	PeerNamespace, PeerWorkload string
 	Locality                    string
 	PolicyNamespace, PolicyName string
+	PolicySource                string
 }
 
 // JobKey implements jobcounter.Key.
@@ -74,7 +76,7 @@ func (k PeerDropKey) JobKey() (string, string) { return k.Namespace, k.Job }
 
 // LabelValues implements jobcounter.Key.
 func (k PeerDropKey) LabelValues() []string {
-	return []string{k.Namespace, k.Job, k.Peer, k.PeerNamespace, k.PeerWorkload, k.Locality, policyLabel(k.PolicyNamespace, k.PolicyName)}
+	return []string{k.Namespace, k.Job, k.Peer, k.PeerNamespace, k.PeerWorkload, k.Locality, policyLabel(k.PolicyNamespace, k.PolicyName), k.PolicySource}
 }
 
 // Metrics are the exporter's own Hubble counters.
@@ -173,6 +175,9 @@ type Aggregator struct {
 	events    *jobcounter.Vec[EventKey]
 	peerDrops *jobcounter.Vec[PeerDropKey]
 
+	// fences names the policies of default-deny drops (nil: none).
+	fences Fences
+
 	// named counts the peer workloads each job names in peerDrops.
 	mu    sync.Mutex
 	named map[jobRef]int
@@ -223,9 +228,10 @@ func (a *Aggregator) ObserveFields(f *Fields) Result {
 	a.events.Add(EventKey{Namespace: r.Job.Namespace, Job: r.Job.Name,
 		SrcZone: r.Src.Zone, DstZone: r.Dst.Zone, Locality: r.Locality, Peer: r.Peer, Verdict: r.Verdict}, 1)
 	if r.PolicyDrop() {
+		a.nameFence(&r, f)
 		a.drops.Add(DropKey{Namespace: r.Job.Namespace, Job: r.Job.Name, Direction: r.Direction,
 			SrcZone: r.Src.Zone, DstZone: r.Dst.Zone, Locality: r.Locality, Peer: r.Peer, Reason: r.Reason,
-			PolicyNamespace: r.PolicyNamespace, PolicyName: r.PolicyName}, 1)
+			PolicyNamespace: r.PolicyNamespace, PolicyName: r.PolicyName, PolicySource: r.PolicySource}, 1)
 		if r.Peer != PeerJob {
 			a.addPeerDrop(&r)
 		}
@@ -238,7 +244,7 @@ func (a *Aggregator) ObserveFields(f *Fields) Result {
 func (a *Aggregator) addPeerDrop(r *Result) {
 	k := PeerDropKey{Namespace: r.Job.Namespace, Job: r.Job.Name, Peer: r.Peer,
 		PeerNamespace: r.PeerNamespace, PeerWorkload: r.PeerWorkload, Locality: r.Locality,
-		PolicyNamespace: r.PolicyNamespace, PolicyName: r.PolicyName}
+		PolicyNamespace: r.PolicyNamespace, PolicyName: r.PolicyName, PolicySource: r.PolicySource}
 	if k.PeerWorkload != "" && a.peerDrops.Value(k) == 0 {
 		j := jobRef{k.Namespace, k.Job}
 		a.mu.Lock()

@@ -116,7 +116,7 @@ func TestPeerDropsNamedAndBounded(t *testing.T) {
 		t.Errorf("%d named peers and %v unnamed drops, want %d and 6", named, unnamed, MaxNamedPeers)
 	}
 	own := DropKey{Namespace: "ml-team", Job: "llm-blocked", Direction: DirectionIngress, SrcZone: zoneA, DstZone: zoneB,
-		Locality: topology.LocalityCrossZone, Peer: PeerJob, Reason: ReasonPolicyDenied, PolicyNamespace: "ml-team", PolicyName: "zone-isolation"}
+		Locality: topology.LocalityCrossZone, Peer: PeerJob, Reason: ReasonPolicyDenied, PolicyNamespace: "ml-team", PolicyName: "zone-isolation", PolicySource: PolicySourceCilium}
 	if v := agg.Drops().Value(own); v != 1 {
 		t.Errorf("own drop = %v, want 1", v)
 	}
@@ -126,7 +126,7 @@ func TestPeerDropsNamedAndBounded(t *testing.T) {
 	want := `
 # HELP zonewatch_job_peer_policy_drops_total ` + peerDropsHelp() + `
 # TYPE zonewatch_job_peer_policy_drops_total counter
-zonewatch_job_peer_policy_drops_total{job_name="llm-blocked",locality="cross_zone",namespace="ml-team",peer="cluster",peer_namespace="",peer_workload="",policy="ml-team/zone-isolation"} 1
+zonewatch_job_peer_policy_drops_total{job_name="llm-blocked",locality="cross_zone",namespace="ml-team",peer="cluster",peer_namespace="",peer_workload="",policy="ml-team/zone-isolation",policy_source="cilium"} 1
 `
 	if err := testutil.CollectAndCompare(agg.PeerDrops(), strings.NewReader(want)); err != nil {
 		t.Error(err)

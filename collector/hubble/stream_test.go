@@ -16,7 +16,7 @@ import (
 
 var (
 	blockedDrops = DropKey{Namespace: "ml-team", Job: "llm-blocked", Direction: DirectionIngress, SrcZone: zoneA, DstZone: zoneB,
-		Locality: topology.LocalityCrossZone, Peer: PeerJob, Reason: ReasonPolicyDenied, PolicyNamespace: "ml-team", PolicyName: "zone-isolation"}
+		Locality: topology.LocalityCrossZone, Peer: PeerJob, Reason: ReasonPolicyDenied, PolicyNamespace: "ml-team", PolicyName: "zone-isolation", PolicySource: PolicySourceCilium}
 	blockedForwarded = EventKey{Namespace: "ml-team", Job: "llm-blocked", SrcZone: zoneA, DstZone: zoneB, Locality: topology.LocalityCrossZone, Peer: PeerJob, Verdict: VerdictForwarded}
 	blockedDropped   = EventKey{Namespace: "ml-team", Job: "llm-blocked", SrcZone: zoneA, DstZone: zoneB, Locality: topology.LocalityCrossZone, Peer: PeerJob, Verdict: VerdictDropped}
 	bertToCoord      = EventKey{Namespace: "research", Job: "bert-slow", SrcZone: zoneA, DstZone: zoneC, Locality: topology.LocalityCrossZone, Peer: PeerJob, Verdict: VerdictForwarded}
@@ -121,7 +121,7 @@ func TestDropsAttributedToJobZonesAndPolicy(t *testing.T) {
 			got[l.GetName()] = l.GetValue()
 		}
 		wantLabels := map[string]string{"namespace": "ml-team", "job_name": "llm-blocked", "direction": "ingress",
-			"src_zone": zoneA, "dst_zone": zoneB, "locality": "cross_zone", "peer": "job", "reason": "POLICY_DENIED", "policy": "ml-team/zone-isolation"}
+			"src_zone": zoneA, "dst_zone": zoneB, "locality": "cross_zone", "peer": "job", "reason": "POLICY_DENIED", "policy": "ml-team/zone-isolation", "policy_source": "cilium"}
 		for k, v := range wantLabels {
 			if got[k] != v {
 				t.Errorf("label %s = %q, want %q", k, got[k], v)

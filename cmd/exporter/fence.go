@@ -1,0 +1,55 @@
+package main
+
+import (
+	"context"
+	"time"
+
+	"github.com/alecthomas/kingpin/v2"
+
+	"github.com/zonewatch/zonewatch/collector/fence"
+)
+
+// "fence" sorts before "hubble": the set exists when the hubble part
+// starts and names default-deny drops from it.
+func init() { register("fence", &fencePart{}) }
+
+// fencePart watches CiliumNetworkPolicies, CiliumClusterwideNetworkPolicies
+// and CiliumIdentities, so that a default-deny drop, which Cilium names no
+// policy of, is counted with the policies that select the denying endpoint
+// and allow none of the peer (policy_source="selected").
+type fencePart struct {
+	enabled *bool
+	resync  *time.Duration
+}
+
+func (p *fencePart) flags(cmd *kingpin.CmdClause) {
+	p.enabled = flagOf(cmd, "fence.enabled", "Name the policies behind default-deny drops from the cluster's CiliumNetworkPolicies, CiliumClusterwideNetworkPolicies and CiliumIdentities (--no-fence.enabled: such drops name no policy).").Default("true").Bool()
+	p.resync = flagOf(cmd, "fence.resync", "Resync period of the policy and identity informers (0: none).").Default("0s").Duration()
+}
+
+func (p *fencePart) input(*inputs) {}
+
+func (p *fencePart) start(ctx context.Context, w *wiring, in *inputs) error {
+	if !*p.enabled {
+		w.logger.Info("fence naming off: default-deny drops name no policy")
+		return nil
+	}
+	m := fence.NewMetrics(w.self)
+	if in.dyn == nil {
+		w.logger.Info("no Cilium policies to read (simulation): default-deny drops name no policy")
+		return nil
+	}
+	set := fence.NewSet()
+	live, err := fence.NewLive(in.dyn, set, *p.resync, m, w.logger)
+	if err != nil {
+		return err
+	}
+	in.fences = set
+	go func() {
+		if live.Run(ctx) {
+			n, ids := set.Len()
+			w.logger.Info("cilium policies and identities synced", "policies", n, "identities", ids)
+		}
+	}()
+	return nil
+}

@@ -1,0 +1,210 @@
+package fence
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/dynamic/dynamicinformer"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/zonewatch/zonewatch/collector/kube"
+)
+
+// The Cilium resources the informers watch (cilium.io/v2).
+var (
+	CNPResource      = schema.GroupVersionResource{Group: "cilium.io", Version: "v2", Resource: "ciliumnetworkpolicies"}
+	CCNPResource     = schema.GroupVersionResource{Group: "cilium.io", Version: "v2", Resource: "ciliumclusterwidenetworkpolicies"}
+	IdentityResource = schema.GroupVersionResource{Group: "cilium.io", Version: "v2", Resource: "ciliumidentities"}
+)
+
+// cached is what an informer keeps of one object: its parsed policy or
+// identity labels, never the object.
+type cached struct {
+	Namespace, Name, ResourceVersion string
+	policy                           *Policy
+	ref                              Ref // a policy's, parsed or not
+	id                               uint32
+	labels                           Labels
+}
+
+// GetObjectMeta gives the informer what it keys and orders by.
+func (c *cached) GetObjectMeta() metav1.Object {
+	return &metav1.ObjectMeta{Namespace: c.Namespace, Name: c.Name, ResourceVersion: c.ResourceVersion}
+}
+
+// Metrics count the objects the informers could not read.
+type Metrics struct {
+	Skipped *prometheus.CounterVec
+}
+
+// NewMetrics registers the fence metrics with reg (nil: unregistered).
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{Skipped: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "zonewatch_fence_objects_skipped_total",
+		Help: "CiliumNetworkPolicy, CiliumClusterwideNetworkPolicy and CiliumIdentity objects zonewatch could not read (resource=ciliumnetworkpolicies|ciliumclusterwidenetworkpolicies|ciliumidentities); they name no fence."},
+		[]string{"resource"})}
+	for _, r := range []string{CNPResource.Resource, CCNPResource.Resource, IdentityResource.Resource} {
+		m.Skipped.WithLabelValues(r)
+	}
+	if reg != nil {
+		reg.MustRegister(m.Skipped)
+	}
+	return m
+}
+
+// Live feeds a Set from three small informers: CiliumNetworkPolicies of
+// every namespace, CiliumClusterwideNetworkPolicies and CiliumIdentities,
+// each kept as its parsed form (a policy's selectors, an identity's
+// labels).
+type Live struct {
+	set     *Set
+	factory dynamicinformer.DynamicSharedInformerFactory
+	synced  []cache.InformerSynced
+	m       *Metrics
+	logger  *slog.Logger
+}
+
+// NewLive prepares the informers; Run starts them.
+func NewLive(client dynamic.Interface, set *Set, resync time.Duration, m *Metrics, logger *slog.Logger) (*Live, error) {
+	if m == nil {
+		m = NewMetrics(nil)
+	}
+	l := &Live{set: set, factory: dynamicinformer.NewDynamicSharedInformerFactory(client, resync), m: m, logger: logger}
+	denied := kube.NewDenials("fence", logger)
+	for _, gvr := range []schema.GroupVersionResource{CNPResource, CCNPResource, IdentityResource} {
+		inf := l.factory.ForResource(gvr).Informer()
+		if err := inf.SetTransform(l.transform(gvr)); err != nil {
+			return nil, fmt.Errorf("%s informer transform: %w", gvr.Resource, err)
+		}
+		if err := denied.Watch(inf, gvr.GroupResource()); err != nil {
+			return nil, fmt.Errorf("%s informer error handler: %w", gvr.Resource, err)
+		}
+		reg, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+			AddFunc:    l.upsert,
+			UpdateFunc: func(_, o any) { l.upsert(o) },
+			DeleteFunc: l.delete,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("%s informer handler: %w", gvr.Resource, err)
+		}
+		l.synced = append(l.synced, reg.HasSynced)
+	}
+	return l, nil
+}
+
+// Run starts the informers and returns once they have synced or ctx ends.
+func (l *Live) Run(ctx context.Context) bool {
+	l.factory.Start(ctx.Done())
+	return cache.WaitForCacheSync(ctx.Done(), l.synced...)
+}
+
+// Synced reports whether every informer's first list has been handled.
+func (l *Live) Synced() bool {
+	for _, s := range l.synced {
+		if !s() {
+			return false
+		}
+	}
+	return true
+}
+
+func (l *Live) transform(gvr schema.GroupVersionResource) cache.TransformFunc {
+	return func(obj any) (any, error) {
+		u, ok := obj.(*unstructured.Unstructured)
+		if !ok {
+			return obj, nil // a tombstone or an object already kept
+		}
+		c := &cached{Namespace: u.GetNamespace(), Name: u.GetName(), ResourceVersion: u.GetResourceVersion()}
+		var err error
+		if gvr == IdentityResource {
+			c.id, c.labels, err = IdentityFrom(u.Object)
+		} else {
+			c.policy, err = PolicyFrom(u.Object, gvr == CCNPResource)
+			c.ref = Ref{Namespace: c.Namespace, Name: c.Name}
+		}
+		if err != nil {
+			l.m.Skipped.WithLabelValues(gvr.Resource).Inc()
+			l.logger.Warn("cilium object skipped: names no fence", "resource", gvr.Resource, "namespace", c.Namespace, "name", c.Name, "err", err)
+		}
+		return c, nil
+	}
+}
+
+// PolicyFrom parses a policy object as decoded JSON.
+func PolicyFrom(obj map[string]any, clusterwide bool) (*Policy, error) {
+	b, err := json.Marshal(obj)
+	if err != nil {
+		return nil, err
+	}
+	var o Object
+	if err := json.Unmarshal(b, &o); err != nil {
+		return nil, err
+	}
+	if clusterwide {
+		o.Kind = "CiliumClusterwideNetworkPolicy"
+	}
+	return o.Parse()
+}
+
+// IdentityFrom reads a CiliumIdentity: its name is the numeric identity,
+// security-labels its labels ("k8s:app" -> value).
+func IdentityFrom(obj map[string]any) (uint32, Labels, error) {
+	md, _ := obj["metadata"].(map[string]any)
+	name, _ := md["name"].(string)
+	id, err := strconv.ParseUint(name, 10, 32)
+	if err != nil {
+		return 0, nil, fmt.Errorf("identity name %q: not a number", name)
+	}
+	raw, ok := obj["security-labels"].(map[string]any)
+	if !ok {
+		return 0, nil, fmt.Errorf("identity %d: no security-labels", id)
+	}
+	m := make(map[string]string, len(raw))
+	for k, v := range raw {
+		s, ok := v.(string)
+		if !ok {
+			return 0, nil, fmt.Errorf("identity %d: label %q is not a string", id, k)
+		}
+		m[k] = s
+	}
+	return uint32(id), ParseLabels(m), nil
+}
+
+func (l *Live) upsert(o any) {
+	c, ok := o.(*cached)
+	if !ok {
+		return
+	}
+	switch {
+	case c.policy != nil:
+		l.set.Put(c.policy)
+	case c.ref.Name != "":
+		l.set.Delete(c.ref) // an update that cannot be read: the old one is gone
+	case c.labels != nil:
+		l.set.PutIdentity(c.id, c.labels)
+	}
+}
+
+func (l *Live) delete(o any) {
+	if t, ok := o.(cache.DeletedFinalStateUnknown); ok {
+		o = t.Obj
+	}
+	c, ok := o.(*cached)
+	if !ok {
+		return
+	}
+	switch {
+	case c.ref.Name != "":
+		l.set.Delete(c.ref)
+	case c.labels != nil:
+		l.set.DeleteIdentity(c.id)
+	}
+}

@@ -1,0 +1,166 @@
+package fence
+
+import (
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+)
+
+// MaxNamed is how many policies one label value names; further ones are
+// counted in a "+N" suffix, so a value is bounded whatever the cluster
+// holds: "a,ns/b,ns/c,+2".
+const MaxNamed = 3
+
+// Set holds the cluster's policies and the security identities' labels,
+// and names the policies behind a default-deny drop. It is safe for
+// concurrent use: informers update it while the flow stream asks.
+type Set struct {
+	mu       sync.RWMutex
+	policies map[Ref]*Policy
+	ids      map[uint32]Labels
+	// names memoizes label values by drop; cleared on every change.
+	names map[nameKey]string
+}
+
+type nameKey struct {
+	egress        bool
+	subject, peer uint32
+	proto         uint8
+	port          uint16
+}
+
+// maxMemo bounds the memo of label values.
+const maxMemo = 4096
+
+// NewSet returns an empty set.
+func NewSet() *Set {
+	return &Set{policies: map[Ref]*Policy{}, ids: map[uint32]Labels{}, names: map[nameKey]string{}}
+}
+
+// Put adds or replaces a policy.
+func (s *Set) Put(p *Policy) {
+	s.mu.Lock()
+	s.policies[p.Ref] = p
+	clear(s.names)
+	s.mu.Unlock()
+}
+
+// Delete removes a policy.
+func (s *Set) Delete(r Ref) {
+	s.mu.Lock()
+	delete(s.policies, r)
+	clear(s.names)
+	s.mu.Unlock()
+}
+
+// PutIdentity records the labels of a security identity.
+func (s *Set) PutIdentity(id uint32, ls Labels) {
+	s.mu.Lock()
+	s.ids[id] = ls
+	clear(s.names)
+	s.mu.Unlock()
+}
+
+// DeleteIdentity forgets an identity.
+func (s *Set) DeleteIdentity(id uint32) {
+	s.mu.Lock()
+	delete(s.ids, id)
+	clear(s.names)
+	s.mu.Unlock()
+}
+
+// Len returns the number of policies and identities held.
+func (s *Set) Len() (policies, identities int) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return len(s.policies), len(s.ids)
+}
+
+// labelsOf returns an identity's labels: a reserved one's, else those
+// recorded. Identities of the local scope (CIDR, FQDN: 1<<24 | n) are
+// allocated by each agent and not known here.
+func (s *Set) labelsOf(id uint32) (Labels, bool) {
+	if ls, ok := reservedLabels[id]; ok {
+		return ls, true
+	}
+	ls, ok := s.ids[id]
+	return ls, ok
+}
+
+// Denying returns the policies that alone deny f, in a stable order
+// (namespace, then name; cluster-wide policies first).
+func (s *Set) Denying(f *Flow) []Ref {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.denying(f)
+}
+
+func (s *Set) denying(f *Flow) []Ref {
+	var out []Ref
+	for _, p := range s.policies {
+		if p.Verdict(f) == Denied {
+			out = append(out, p.Ref)
+		}
+	}
+	slices.SortFunc(out, func(a, b Ref) int {
+		switch {
+		case a.less(b):
+			return -1
+		case b.less(a):
+			return 1
+		}
+		return 0
+	})
+	return out
+}
+
+// Name returns the policy label value for a default-deny drop between
+// the subject's and the peer's identities (the subject is the denying
+// endpoint), or "" when no policy is known to deny it (an identity
+// without labels here, or no policy that alone denies). It does not
+// allocate once a drop's value is memoized.
+func (s *Set) Name(egress bool, subject, peer uint32, proto uint8, port uint16) string {
+	k := nameKey{egress, subject, peer, proto, port}
+	s.mu.RLock()
+	v, ok := s.names[k]
+	s.mu.RUnlock()
+	if ok {
+		return v
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	sl, ok1 := s.labelsOf(subject)
+	pl, ok2 := s.labelsOf(peer)
+	if ok1 && ok2 {
+		v = Join(s.denying(&Flow{Egress: egress, Subject: sl, Peer: pl, Proto: proto, Port: port}))
+	}
+	if len(s.names) >= maxMemo {
+		clear(s.names)
+	}
+	s.names[k] = v
+	return v
+}
+
+// NameLabels is Name for labels at hand (a flow file's whole flows carry
+// them).
+func (s *Set) NameLabels(f *Flow) string {
+	return Join(s.Denying(f))
+}
+
+// Join renders policies as a label value: at most MaxNamed names joined
+// by commas, then "+N" for the rest.
+func Join(refs []Ref) string {
+	var b strings.Builder
+	for i, r := range refs {
+		if i == MaxNamed {
+			b.WriteString(",+" + strconv.Itoa(len(refs)-MaxNamed))
+			break
+		}
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(r.String())
+	}
+	return b.String()
+}

@@ -1,0 +1,54 @@
+package hubble
+
+// Values of the policy_source label: who named the policy of a drop.
+const (
+	// PolicySourceCilium: Cilium named it (ingress_denied_by /
+	// egress_denied_by of a policy-verdict event).
+	PolicySourceCilium = "cilium"
+	// PolicySourceSelected: Cilium named none (a default-deny drop) and
+	// zonewatch named the policies that select the denying endpoint in
+	// the drop's direction and allow none of the peer (collector/fence).
+	PolicySourceSelected = "selected"
+)
+
+// Fences names the policies behind a default-deny drop; a
+// *fence.Set satisfies it. subject is the denying endpoint's security
+// identity (the destination of an ingress drop, the source of an egress
+// one), peer the other side's; the value is "" when no policy is known to
+// deny it.
+type Fences interface {
+	Name(egress bool, subject, peer uint32, proto uint8, port uint16) string
+}
+
+// SetFences makes the aggregator name the policies behind default-deny
+// drops (policy_source="selected"). Call it before the first flow.
+func (a *Aggregator) SetFences(f Fences) { a.fences = f }
+
+// nameFence fills in the policy of a policy drop Cilium named none of.
+func (a *Aggregator) nameFence(r *Result, f *Fields) {
+	if r.PolicyName != "" {
+		r.PolicySource = PolicySourceCilium
+		return
+	}
+	if a.fences == nil || r.Reason != ReasonPolicyDenied {
+		return
+	}
+	subject, peer, egress := f.Dst.Identity, f.Src.Identity, false
+	switch r.Direction {
+	case DirectionEgress:
+		subject, peer, egress = f.Src.Identity, f.Dst.Identity, true
+	case DirectionIngress:
+	default:
+		return
+	}
+	if subject == 0 || peer == 0 {
+		return
+	}
+	port := uint16(0)
+	if f.Proto != protoICMPv4 && f.Proto != protoICMPv6 {
+		port = uint16(f.DstPort)
+	}
+	if name := a.fences.Name(egress, subject, peer, f.Proto, port); name != "" {
+		r.PolicyNamespace, r.PolicyName, r.PolicySource = "", name, PolicySourceSelected
+	}
+}
