@@ -5,8 +5,11 @@
 // Cilium's own map spec (ctmap.NewGlobalMapSpec), printed by Cilium's own
 // dump code (the text of `cilium-dbg bpf ct list global`), and read by
 // the poller through a BPF filesystem; and a split-layout fixture made
-// with the v1.15.19 types (testdata, see gen115/). It is a module of its
-// own so that Cilium's agent packages stay out of the main module.
+// with the v1.15.19 types (testdata, see gen115/). The ipcache reader
+// (collector/ipcache) is checked the same way against pkg/maps/ipcache
+// (ipcache_test.go; the v1 layout of 1.14-1.17 with v1.18.11's types,
+// gen118/). It is a module of its own so that Cilium's agent packages
+// stay out of the main module.
 package ctmappeer
 
 import (
