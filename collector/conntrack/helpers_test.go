@@ -197,6 +197,18 @@ func twoNodeConns(data bool) []conn {
 	return cs
 }
 
+// voters are n idle connections of a non-job pod to the master: entries
+// that tell the layout (each once: minVotes of them decide it) and whose
+// bytes, not moving, are never counted.
+func voters(n int) []conn {
+	var cs []conn
+	for i := range n {
+		cs = append(cs, conn{from: other, to: master, fromNode: "n1", toNode: "n2", sport: uint16(45000 + i), dport: 29500,
+			sent: 1074, reply: 574, sentPkts: 2, replyPkts: 1})
+	}
+	return cs
+}
+
 func tableFor(node string, layout conntrack.Layout, cs []conn) *conntrack.MemTable {
 	var es []ctEntry
 	for _, c := range cs {

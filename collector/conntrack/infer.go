@@ -72,9 +72,11 @@ func (p *Poller) decideLayout(name string, ts *tableState) {
 		return
 	}
 	if ts.layout == LayoutAuto {
-		l, ok := verdict(ts.young, minVotes, 90)
+		votes := ts.young
+		l, ok := verdict(votes, minVotes, 90)
 		if !ok {
-			l, ok = verdict(ts.window, minVotes, 90)
+			votes = ts.window
+			l, ok = verdict(votes, minVotes, 90)
 		}
 		if !ok {
 			if ts.window[EvidenceSplit]+ts.window[EvidenceCombined] >= maxWindow {
@@ -83,7 +85,7 @@ func (p *Poller) decideLayout(name string, ts *tableState) {
 			return
 		}
 		p.log.Info("conntrack layout decided from the entries", "map", name, "layout", l.String(),
-			"split_votes", ts.window[EvidenceSplit]+ts.young[EvidenceSplit], "combined_votes", ts.window[EvidenceCombined]+ts.young[EvidenceCombined])
+			"split_votes", votes[EvidenceSplit], "combined_votes", votes[EvidenceCombined])
 		p.setLayout(ts, l)
 		return
 	}

@@ -138,12 +138,20 @@ func TestCountedOnceAcrossTwoNodes(t *testing.T) {
 				if auto {
 					layout = conntrack.LayoutAuto
 				}
+				// Auto: each node's entries decide its layout, minVotes
+				// (8) of them, each voting once.
+				conns := func(data bool) []conn {
+					if auto {
+						return append(twoNodeConns(data), voters(8)...)
+					}
+					return twoNodeConns(data)
+				}
 				// One exporter per node, each reading its node's maps.
-				s1, s2 := srcFor("n1", tc.layout, twoNodeConns(false)), srcFor("n2", tc.layout, twoNodeConns(false))
+				s1, s2 := srcFor("n1", tc.layout, conns(false)), srcFor("n2", tc.layout, conns(false))
 				p1, r1 := newPoller(t, s1, "n1", layout)
 				p2, r2 := newPoller(t, s2, "n2", layout)
 				// One exporter for the cluster, fed every node's maps.
-				sAll := srcFor("", tc.layout, twoNodeConns(false))
+				sAll := srcFor("", tc.layout, conns(false))
 				pAll, rAll := newPoller(t, sAll, "", layout)
 				polls := 1
 				if auto {
@@ -160,7 +168,7 @@ func TestCountedOnceAcrossTwoNodes(t *testing.T) {
 					}
 				}
 				for node, s := range map[string]*conntrack.MemSource{"n1": s1, "n2": s2, "": sAll} {
-					s.Set(conntrack.MapTCP4, tableFor(node, tc.layout, twoNodeConns(true)))
+					s.Set(conntrack.MapTCP4, tableFor(node, tc.layout, conns(true)))
 				}
 				for _, p := range []*conntrack.Poller{p1, p2, pAll} {
 					p.Poll(t0.Add(10 * time.Second))
@@ -267,9 +275,15 @@ func TestHeldUntilLayoutKnown(t *testing.T) {
 	decided := func() bool {
 		return !strings.Contains(logs.String(), "not known yet") || strings.Contains(logs.String(), "decided")
 	}
+	// New connections of a non-job pod come, one a poll: once minVotes (8)
+	// of them agree, the layout is known.
 	for i = 0; i < 20; i++ {
 		c.reply = uint64(1000 * (i + 1))
-		src.Set(conntrack.MapTCP4, table(c.entries("n1", conntrack.LayoutSplit)...))
+		es := c.entries("n1", conntrack.LayoutSplit)
+		for _, v := range voters(i) {
+			es = append(es, v.entries("n1", conntrack.LayoutSplit)...)
+		}
+		src.Set(conntrack.MapTCP4, table(es...))
 		p.Poll(t0.Add(time.Duration(i) * 10 * time.Second))
 		if !p.Up() {
 			t.Fatalf("poll %d: down while the layout is not known yet", i)
@@ -296,7 +310,7 @@ func TestHeldUntilLayoutKnown(t *testing.T) {
 
 func TestForcedLayoutContradictedIsLogged(t *testing.T) {
 	var logs logBuf
-	src := srcFor("n1", conntrack.LayoutCombined, twoNodeConns(true))
+	src := srcFor("n1", conntrack.LayoutCombined, append(twoNodeConns(true), voters(8)...))
 	p, err := conntrack.New(src, newIndex(), conntrack.Config{Node: "n1", Layout: conntrack.LayoutSplit,
 		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	if err != nil {

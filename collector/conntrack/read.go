@@ -1,6 +1,9 @@
 package conntrack
 
-import "fmt"
+import (
+	"fmt"
+	"time"
+)
 
 // table returns the state of a map, new when the map was recreated.
 func (p *Poller) table(name string, t Table) *tableState {
@@ -33,12 +36,6 @@ func (p *Poller) read(pr *pollRun, name string, t Table) error {
 			p.m.maxEntries.WithLabelValues(name).Set(float64(max))
 		}
 	}
-	var limit uint64 = maxBytesPerSecond
-	if last := ts.last; !last.IsZero() {
-		if s := now.Sub(last).Seconds(); s > 1 {
-			limit = uint64(s * maxBytesPerSecond)
-		}
-	}
 	layout := p.layoutOf(ts)
 	// Until the index is filled, growth is held in the baselines rather
 	// than dropped, and counted once it is; so is the growth of ingress
@@ -48,6 +45,10 @@ func (p *Poller) read(pr *pollRun, name string, t Table) error {
 	epoch, n, entries := pr.epoch, 0, 0
 	hold := !pr.ready
 	holdIn := hold || layout == LayoutAuto
+	// A delta covers the time since its entry's growth was last counted,
+	// which a hold stretches: judged against one interval, minutes of a
+	// fast connection's held growth would look implausible.
+	limitOut, limitIn := plausibleSince(ts.counted, now), plausibleSince(ts.countedIn, now)
 	// Votes count until the map's layout is decided, and always against
 	// a forced one (whose maps never decide one of their own).
 	voteAll := ts.layout == LayoutAuto
@@ -63,9 +64,6 @@ func (p *Poller) read(pr *pollRun, name string, t Table) error {
 			st.counting++
 		}
 		ev := Classify(flags, v)
-		if voteAll {
-			ts.window[ev]++
-		}
 		// A split ingress entry that no Cilium endpoint opened (the host
 		// network, the world) is the only entry of its connection: it
 		// tracks both directions, tx+rx, as combined entries do. (Before
@@ -75,7 +73,10 @@ func (p *Poller) read(pr *pollRun, name string, t Table) error {
 		if ingress && layout != LayoutCombined && !endpointIdentity(v.SrcSecID) && !p.podOpened(key) {
 			counter, both = v.Bytes+v.Word1, true
 		}
-		delta, o, young := ts.observe(key, counter, v.Lifetime, epoch, hold || ingress && holdIn)
+		delta, o, young, vote := ts.observe(key, counter, v.Lifetime, epoch, hold || ingress && holdIn, ev != EvidenceNone)
+		if voteAll && vote {
+			ts.window[ev]++ // once an entry: one seen over many polls is one vote
+		}
 		switch o {
 		case obsReset:
 			st.resets++
@@ -108,6 +109,10 @@ func (p *Poller) read(pr *pollRun, name string, t Table) error {
 			return
 		}
 		tu, _ := DecodeKey(key)
+		limit := limitOut
+		if ingress {
+			limit = limitIn
+		}
 		pr.pending = append(pr.pending, pending{tuple: tu, bytes: delta, limit: limit, secID: v.SrcSecID,
 			acceptorTx: ingress && layout == LayoutSplit && !both, both: both})
 	})
@@ -115,7 +120,14 @@ func (p *Poller) read(pr *pollRun, name string, t Table) error {
 	if err != nil {
 		return fmt.Errorf("%w: %w", errRead, err)
 	}
-	deleted, active := ts.complete(epoch, now)
+	seeding := !ts.seeded
+	deleted, active := ts.complete(epoch)
+	if seeding || !hold {
+		ts.counted = now
+	}
+	if seeding || !holdIn {
+		ts.countedIn = now
+	}
 	st.deleted += deleted
 	st.activeGone += active
 	if LocalMap(name) {
@@ -139,4 +151,14 @@ func (p *Poller) read(pr *pollRun, name string, t Table) error {
 		st.ambiguous = st.ambiguous || ts.ambig
 	}
 	return nil
+}
+
+// plausibleSince is the most bytes an entry can have moved since its
+// growth was last counted at since (maxBytesPerSecond; one second when
+// never).
+func plausibleSince(since, now time.Time) uint64 {
+	if s := now.Sub(since).Seconds(); !since.IsZero() && s > 1 {
+		return uint64(s * maxBytesPerSecond)
+	}
+	return maxBytesPerSecond
 }
