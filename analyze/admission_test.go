@@ -105,3 +105,38 @@ func TestAdmissionPolicyChartOnAPIServer(t *testing.T) {
 	defer cancel()
 	applyPolicy(ctx, t, api.Config, cs, objs)
 }
+
+const chartPodGroupPolicy = "../deploy/helm/zonewatch/templates/admission-podgroup-policy.yaml"
+
+// TestPodGroupPolicyChart: the chart's PodGroup policy template is what
+// PodGroupPolicy generates (the policy TestGangOnRealScheduler runs).
+func TestPodGroupPolicyChart(t *testing.T) {
+	const apiVersion, selector = "APIVERSION", "NAMESPACESELECTOR"
+	body, err := PodGroupPolicyYAML(apiVersion, map[string]any{"x": selector})
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := string(body)
+	text = strings.ReplaceAll(text, "apiVersion: "+apiVersion, "apiVersion: {{ $apiVersion }}")
+	text = strings.ReplaceAll(text, "      x: "+selector+"\n", "      {{- toYaml .Values.admissionPolicy.namespaceSelector | nindent 6 }}\n")
+	text = strings.ReplaceAll(text, "metadata:\n", "metadata:\n  labels:\n    {{- include \"zonewatch.labels\" . | nindent 4 }}\n")
+	want := `{{- /* Generated from analyze.PodGroupPolicy by go test ./analyze -run TestPodGroupPolicyChart -update: do not edit. */ -}}
+{{- if and .Values.admissionPolicy.enabled .Values.admissionPolicy.podGroups }}
+{{- $apiVersion := "admissionregistration.k8s.io/v1beta1" }}
+{{- if .Capabilities.APIVersions.Has "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy" }}
+{{- $apiVersion = "admissionregistration.k8s.io/v1" }}
+{{- end }}
+` + text + "{{- end }}\n"
+	if *update {
+		if err := os.WriteFile(chartPodGroupPolicy, []byte(want), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, err := os.ReadFile(filepath.Clean(chartPodGroupPolicy))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(got) != want {
+		t.Errorf("%s differs from analyze.PodGroupPolicy (go test ./analyze -run TestPodGroupPolicyChart -update)", chartPodGroupPolicy)
+	}
+}

@@ -36,6 +36,11 @@ type Input struct {
 	Flows []string // hubble observe -o jsonpb / -o json, e.g. one per node
 	GPU   string   // a dcgm-exporter /metrics page; empty for none
 	Rules []topology.Rule
+	// PodGroups: advise native gang + topology PodGroups (on), never
+	// (off), or when the pods dump shows the cluster serves them (auto,
+	// the default: a scheduling.k8s.io/v1beta1 PodGroup with a topology
+	// constraint in the dump).
+	PodGroups PodGroups
 	// Warn receives what is skipped (bad flow lines, GPU series without a
 	// UUID); nil discards it.
 	Warn io.Writer
@@ -236,7 +241,8 @@ func Run(in Input) (*Report, error) {
 			j.Verdict = VerdictSplit
 		}
 		if j.SplitZone {
-			j.SuggestedFix = suggestedFix(&j, pods.jobs[jk], nodes, pods.used)
+			j.SuggestedFix = suggestedFix(&j, pods.jobs[jk], nodes, pods.used,
+				in.PodGroups == PodGroupsOn || ((in.PodGroups == PodGroupsAuto || in.PodGroups == "") && pods.podGroups))
 		}
 		rep.Jobs = append(rep.Jobs, j)
 	}

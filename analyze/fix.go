@@ -49,6 +49,9 @@ const (
 	// (kueue v0.17 apis/kueue/v1beta2 PodSetGroupName; the scheduler's
 	// TAS snapshot groups a leader pod set with a workers pod set).
 	KueueGroupAnnotation = "kueue.x-k8s.io/podset-group-name"
+	// KueuePreferredTopologyAnnotation asks Kueue TAS for one domain if
+	// one has room, else lets it spread the pod set over several.
+	KueuePreferredTopologyAnnotation = "kueue.x-k8s.io/podset-preferred-topology"
 	// KueueQueueLabel queues a job to a LocalQueue.
 	KueueQueueLabel = "kueue.x-k8s.io/queue-name"
 	// LWSExclusiveAnnotation keeps each LeaderWorkerSet group in one
@@ -66,7 +69,7 @@ const (
 // seen on the real scheduler, internal/schedlab). When no zone can hold the
 // job it says so and gives gang admission (Kueue TAS) instead, which waits
 // for room rather than starting split.
-func suggestedFix(j *Job, pods *jobPods, nodes map[string]nodeInfo, used map[string]corev1.ResourceList) string {
+func suggestedFix(j *Job, pods *jobPods, nodes map[string]nodeInfo, used map[string]corev1.ResourceList, podGroups bool) (fix string) {
 	if pods == nil {
 		pods = &jobPods{replicas: map[string]bool{}}
 	}
@@ -82,11 +85,20 @@ func suggestedFix(j *Job, pods *jobPods, nodes map[string]nodeInfo, used map[str
 		gpus += d.gpus
 	}
 	need := fmt.Sprintf("%s in %s", plural(int(gpus), "GPU"), plural(len(pods.demand), "pod"))
+	if pods.kueuePreferred {
+		return kueuePreferredFix(j, pods, nodes, need, rooms)
+	}
 	if j.JobKind == "LeaderWorkerSet" && pods.set != "" {
-		return lwsFix(j, pods, zones, need, rooms)
+		return lwsFix(j, pods, nodes, zones, need, rooms)
+	}
+	if j.JobKind == "VolcanoJob" {
+		defer func() { fix += volcanoAdvice(len(pods.demand)) }()
+	}
+	if podGroups && j.JobKind != "VolcanoJob" {
+		return gangFix(j, pods, nodes, rooms, need)
 	}
 	if len(zones) == 0 {
-		return noRoomFix(j, pods, need, rooms)
+		return noRoomFix(j, pods, nodes, need, rooms)
 	}
 	zone := zones[0] // most free GPUs
 	tols := gpuTolerations(pods, nodes, zone)
@@ -126,17 +138,8 @@ func suggestedFix(j *Job, pods *jobPods, nodes map[string]nodeInfo, used map[str
 // noRoomFix: no zone can hold the job; pinning it would leave pods
 // Pending, so the advice is gang admission: Kueue admits the job only
 // into a zone with room for every pod set, and creates no pod before.
-func noRoomFix(j *Job, pods *jobPods, need string, rooms []zoneRoom) string {
-	templates := 0
-	patchTemplates(j, pods, func(...string) map[string]any { templates++; return nil })
-	where, spec := patchTemplates(j, pods, func(...string) map[string]any {
-		ann := map[string]any{KueueTopologyAnnotation: kube.LabelZone}
-		if templates == 2 {
-			// A coordinator's pod set and its workers' in one zone together.
-			ann[KueueGroupAnnotation] = "training"
-		}
-		return map[string]any{"metadata": map[string]any{"annotations": ann}}
-	})
+func noRoomFix(j *Job, pods *jobPods, nodes map[string]nodeInfo, need string, rooms []zoneRoom) string {
+	where, spec := kueueTemplates(j, pods, nodes, rooms, KueueTopologyAnnotation)
 	body, err := yaml.Marshal(map[string]any{
 		"metadata": map[string]any{"labels": map[string]any{KueueQueueLabel: "<LocalQueue of a TAS ResourceFlavor>"}},
 		"spec":     spec,
@@ -148,7 +151,8 @@ func noRoomFix(j *Job, pods *jobPods, need string, rooms []zoneRoom) string {
 	fmt.Fprintf(&b, "# No zone can hold every pod of %s %s/%s now (%s; free GPUs by zone: %s).\n",
 		j.JobKind, j.Namespace, j.JobName, need, roomSummary(rooms))
 	b.WriteString("# Pinning it to one zone would leave pods Pending. Free room in one zone (or shrink the job), or let Kueue\n")
-	fmt.Fprintf(&b, "# topology-aware scheduling admit it only when one zone has room: add this to %s (docs/runbooks.md, Kueue TAS).\n", where)
+	fmt.Fprintf(&b, "# topology-aware scheduling admit it only when one zone has room: add this to %s (docs/runbooks.md, Kueue TAS;\n", where)
+	b.WriteString("# pods without GPUs tolerate the GPU nodes' taints so that they fit the GPU zone's flavor with their workers).\n")
 	b.Write(body)
 	return b.String()
 }
@@ -270,9 +274,9 @@ func workerTypes(pods *jobPods) []string {
 // pods a required affinity to their group-key and anti-affinity to other
 // groups in the domain). The leader picks the zone, so the templates are
 // also held to the zones with room for a whole group.
-func lwsFix(j *Job, pods *jobPods, zones []string, need string, rooms []zoneRoom) string {
+func lwsFix(j *Job, pods *jobPods, nodes map[string]nodeInfo, zones []string, need string, rooms []zoneRoom) string {
 	if len(zones) == 0 {
-		return noRoomFix(j, pods, need, rooms)
+		return noRoomFix(j, pods, nodes, need, rooms)
 	}
 	vals := make([]any, len(zones))
 	for i, z := range zones {
@@ -366,4 +370,69 @@ func sortedKeys(m map[string]bool) []string {
 	}
 	sort.Strings(out)
 	return out
+}
+
+// kueueTemplates lays Kueue TAS's annotations (topology, of kind
+// required or preferred, and one podset group for two templates: a
+// coordinator's pod set and its workers' in one zone together) on the
+// job's templates, with tolerations of the GPU nodes' taints for those
+// without GPUs (the TAS flavor holds the GPU nodes: a coordinator that
+// cannot run on them fits no domain with its workers).
+func kueueTemplates(j *Job, pods *jobPods, nodes map[string]nodeInfo, rooms []zoneRoom, annotation string) (string, map[string]any) {
+	tols := allZoneTolerations(pods, nodes, rooms)
+	templates := 0
+	patchTemplates(j, pods, func(...string) map[string]any { templates++; return nil })
+	return patchTemplates(j, pods, func(replicaTypes ...string) map[string]any {
+		ann := map[string]any{annotation: kube.LabelZone}
+		if templates == 2 {
+			ann[KueueGroupAnnotation] = "training"
+		}
+		out := map[string]any{"metadata": map[string]any{"annotations": ann}}
+		for _, rt := range replicaTypes {
+			if t := tols[rt]; len(t) > 0 {
+				out["spec"] = map[string]any{"tolerations": t}
+				break
+			}
+		}
+		return out
+	})
+}
+
+// allZoneTolerations: gpuTolerations over every zone, merged.
+func allZoneTolerations(pods *jobPods, nodes map[string]nodeInfo, rooms []zoneRoom) map[string][]any {
+	tols := map[string][]any{}
+	var zones []string
+	for _, r := range rooms {
+		zones = append(zones, r.zone)
+	}
+	sort.Strings(zones)
+	for _, z := range zones {
+		for rt, ts := range gpuTolerations(pods, nodes, z) {
+			for _, t := range ts {
+				if !containsJSON(tols[rt], t) {
+					tols[rt] = append(tols[rt], t)
+				}
+			}
+		}
+	}
+	return tols
+}
+
+// kueuePreferredFix: the job's pod sets ask Kueue for a preferred zone,
+// and Kueue, finding no zone with room for all of a pod set, admitted it
+// across zones: the split is Kueue's choice. Required topology makes it
+// wait for one zone instead.
+func kueuePreferredFix(j *Job, pods *jobPods, nodes map[string]nodeInfo, need string, rooms []zoneRoom) string {
+	where, spec := kueueTemplates(j, pods, nodes, rooms, KueueTopologyAnnotation)
+	body, err := yaml.Marshal(map[string]any{"spec": spec})
+	if err != nil {
+		return ""
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "# Kueue's choice: the pods of %s %s/%s ask Kueue TAS for a preferred zone (%s), which lets Kueue admit a pod set\n",
+		j.JobKind, j.Namespace, j.JobName, KueuePreferredTopologyAnnotation)
+	fmt.Fprintf(&b, "# across zones when none has room for it (%s; free GPUs by zone now: %s). To wait for one zone instead, replace it with\n", need, roomSummary(rooms))
+	fmt.Fprintf(&b, "# %s in %s and re-create the job:\n", KueueTopologyAnnotation, where)
+	b.Write(body)
+	return b.String()
 }

@@ -191,6 +191,9 @@ type jobPods struct {
 	guesses  []string // replica types
 	// demand is every unfinished pod of the job, pending ones too.
 	demand []podDemand
+	// kueuePreferred: some pod asks Kueue TAS for a preferred (not a
+	// required) topology: Kueue may have admitted it across zones.
+	kueuePreferred bool
 }
 
 // podSet is what loadPods reads: each job's pods, and what every
@@ -199,6 +202,8 @@ type jobPods struct {
 type podSet struct {
 	jobs map[jobKey]*jobPods
 	used map[string]corev1.ResourceList
+	// podGroups: the dump holds a PodGroup with a topology constraint.
+	podGroups bool
 }
 
 func loadPods(index *topology.Index, rules []topology.Rule, path string) (*podSet, error) {
@@ -254,6 +259,9 @@ func loadPods(index *topology.Index, rules []topology.Rule, path string) (*podSe
 		if !finished {
 			j.demand = append(j.demand, d)
 		}
+		if pod.Annotations[KueuePreferredTopologyAnnotation] != "" && pod.Annotations[KueueTopologyAnnotation] == "" {
+			j.kueuePreferred = true
+		}
 		coord := p.Identity.Role == topology.RoleCoordinator
 		if _, ok := j.replicas[p.Identity.ReplicaType]; !ok {
 			j.replicas[p.Identity.ReplicaType] = false
@@ -275,6 +283,14 @@ func loadPods(index *topology.Index, rules []topology.Rule, path string) (*podSe
 	if err != nil {
 		return nil, f.wrap(err)
 	}
+	served := false
+	err = kube.DecodeObjects(bytes.NewReader(f.json), "PodGroup", func(raw json.RawMessage) error {
+		served = served || servesPodGroups(raw)
+		return nil
+	})
+	if err != nil {
+		return nil, f.wrap(err)
+	}
 	for _, j := range jobs {
 		if j.explicit {
 			continue
@@ -283,5 +299,5 @@ func loadPods(index *topology.Index, rules []topology.Rule, path string) (*podSe
 			j.replicas[rt] = true
 		}
 	}
-	return &podSet{jobs: jobs, used: used}, nil
+	return &podSet{jobs: jobs, used: used, podGroups: served}, nil
 }

@@ -411,7 +411,7 @@ func oldAdvice(j *schedlab.Job) {
 // intermediate objects the controllers made) as kubectl would, runs
 // analyze on them and returns the job's suggested fix ("" when it is not
 // split).
-func analyzeFix(ctx context.Context, lab *schedlab.Lab, cell, ns string, j *schedlab.Job) (string, error) {
+func analyzeFix(ctx context.Context, lab *schedlab.Lab, cell, ns string, j *schedlab.Job, podGroups ...PodGroups) (string, error) {
 	nodeItems, podItems, err := schedlab.ListItems(ctx, lab.Client, schedlab.LabelCell+"="+cell, ns)
 	if err != nil {
 		return "", err
@@ -444,7 +444,11 @@ func analyzeFix(ctx context.Context, lab *schedlab.Lab, cell, ns string, j *sche
 	if err != nil {
 		return "", err
 	}
-	rep, err := Run(Input{Nodes: np, Pods: pp})
+	in := Input{Nodes: np, Pods: pp, PodGroups: PodGroupsOff}
+	if len(podGroups) > 0 {
+		in.PodGroups = podGroups[0]
+	}
+	rep, err := Run(in)
 	if err != nil {
 		return "", err
 	}

@@ -60,15 +60,20 @@ func Start(t testing.TB) *Lab {
 // scheduler.
 func Attach(t testing.TB, api *testenv.APIServer) *Lab {
 	t.Helper()
+	return attach(t, api)
+}
+
+func attach(t testing.TB, api *testenv.APIServer, args ...string) *Lab {
+	t.Helper()
 	bin := testenv.ToolsBin(t, "kube-scheduler")
 	dir := t.TempDir()
 	port := testenv.FreePort(t)
-	testenv.Start(t, dir, "kube-scheduler", filepath.Join(bin, "kube-scheduler"),
+	testenv.Start(t, dir, "kube-scheduler", filepath.Join(bin, "kube-scheduler"), append([]string{
 		"--kubeconfig", api.Kubeconfig,
 		"--authentication-kubeconfig", api.Kubeconfig, "--authorization-kubeconfig", api.Kubeconfig,
 		"--leader-elect=false",
 		"--bind-address", "127.0.0.1", "--secure-port", strconv.Itoa(port),
-		"-v", "1")
+		"-v", "1"}, args...)...)
 	hc := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
 	url := "https://127.0.0.1:" + strconv.Itoa(port) + "/healthz"
 	deadline := time.Now().Add(60 * time.Second)

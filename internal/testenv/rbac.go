@@ -27,6 +27,13 @@ type Option func(*apiOptions)
 
 type apiOptions struct {
 	audit bool
+	args  []string
+}
+
+// WithArgs adds kube-apiserver flags (feature gates, runtime config,
+// admission plugins) after the test environment's own.
+func WithArgs(args ...string) Option {
+	return func(o *apiOptions) { o.args = append(o.args, args...) }
 }
 
 // WithAuditLog makes the apiserver write an audit log (every request at

@@ -204,7 +204,7 @@ func StartAPIServer(t testing.TB, opts ...Option) *APIServer {
 		"--token-auth-file", tokenFile,
 		"--disable-admission-plugins", "ServiceAccount",
 		"--enable-priority-and-fairness=false",
-	}, auditArgs...)...)
+	}, append(auditArgs, o.args...)...)...)
 	url := "https://127.0.0.1:" + strconv.Itoa(port)
 	cfg := &rest.Config{Host: url, BearerToken: token, TLSClientConfig: rest.TLSClientConfig{Insecure: true}, QPS: 200, Burst: 400}
 

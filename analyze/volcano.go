@@ -1,0 +1,53 @@
+package analyze
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/zonewatch/zonewatch/collector/kube"
+)
+
+// VolcanoRelease is the Volcano source the networkTopology advice is read
+// from: volcano.sh/apis v1.14.0, pkg/apis/batch/v1alpha1/job.go
+// (JobSpec.NetworkTopology: NetworkTopologySpec{Mode "hard"|"soft",
+// HighestTierAllowed}) and pkg/apis/topology/v1alpha1/hypernode_types.go
+// (HyperNode, topology.volcano.sh/v1alpha1: spec.tier, spec.members[] of
+// type Node with selector.labelMatch). Volcano itself cannot be built
+// from the module proxy (its go.mod replaces its own staging modules), so
+// this advice has not run against Volcano's scheduler.
+const VolcanoRelease = "volcano.sh/apis v1.14.0"
+
+// volcanoAdvice: under Volcano's own scheduler a Volcano Job is a gang
+// (minAvailable) and, with networkTopology mode hard and
+// highestTierAllowed 1, is kept inside one tier-1 HyperNode; HyperNodes of
+// one zone each make that one zone. Written as comments: it is untested.
+func volcanoAdvice(pods int) string {
+	lines := []string{
+		fmt.Sprintf("Alternative under Volcano's own scheduler (UNTESTED: read from %s, not run here): a gang of all %d pods kept in one", VolcanoRelease, pods),
+		"tier-1 HyperNode, with one HyperNode per zone (the administrator's, once per zone), instead of the pin above:",
+		"spec:",
+		"  schedulerName: volcano",
+		fmt.Sprintf("  minAvailable: %d", pods),
+		"  networkTopology:",
+		"    mode: hard",
+		"    highestTierAllowed: 1",
+		"---",
+		"apiVersion: topology.volcano.sh/v1alpha1",
+		"kind: HyperNode",
+		"metadata:",
+		"  name: zone-ZONE",
+		"spec:",
+		"  tier: 1",
+		"  members:",
+		"  - type: Node",
+		"    selector:",
+		"      labelMatch:",
+		"        matchLabels:",
+		"          " + kube.LabelZone + ": ZONE",
+	}
+	var b strings.Builder
+	for _, l := range lines {
+		b.WriteString("# " + l + "\n")
+	}
+	return b.String()
+}
