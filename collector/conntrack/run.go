@@ -98,7 +98,8 @@ func (p *Poller) podsWent() (bool, <-chan struct{}) {
 		after = math.MaxUint64 // the first call takes the cursor there is now
 	}
 	ds, next, missed, wake := pi.PodsGone(after, p.departed[:0])
-	p.goneSeen, p.goneKnown, p.departed = next, true, ds[:0]
+	p.goneSeen, p.goneKnown = next, true
+	defer func() { clear(ds); p.departed = ds[:0] }() // hold no gone job past the call
 	here := 0
 	for _, d := range ds {
 		if p.cfg.Node == "" || d.Endpoint.Node == p.cfg.Node {
