@@ -107,23 +107,32 @@ type Client struct {
 	logger *slog.Logger
 	up     atomic.Bool
 
-	// marks holds, per observing node, the latest flow time seen (unix ns).
-	// After a reconnect the stream resumes from the oldest mark and flows
-	// at or before their node's mark are skipped: counted already.
-	marks    map[string]*int64
+	// marks holds, per observing node, what was counted of its flows.
+	// After a reconnect the stream resumes from the oldest mark, and each
+	// node's flows are skipped as counted already until the replay has
+	// passed them (nodeMark). Marks of nodes that stopped sending are
+	// pruned (autoscaled nodes have unique names).
+	marks    map[string]*nodeMark
 	lastNode string
-	lastMark *int64
+	lastMark *nodeMark
 	resumed  bool
-	replayed atomic.Uint64 // flows skipped as counted before a reconnect
+	// newest is the newest flow or lost-event time seen (unix ns); pruneAt
+	// is the number of marks at which the old ones are pruned next.
+	newest  int64
+	pruneAt int
 	// lostMarks holds, per node and source, the time of the latest
 	// lost_events response counted: Hubble keeps the perf-ring and queue
 	// LostEvents in its ring and sends them again to every since request.
-	lostMarks    map[lostKey]int64
-	replayedLost atomic.Uint64 // lost_events responses skipped as counted
+	lostMarks map[lostKey]*lostMark
 	// notBefore (unix ns): flows and lost events stamped earlier are not
 	// counted (Config.Since, else the first connection's start).
 	notBefore int64
-	early     atomic.Uint64 // flows skipped as older than notBefore
+	// quietUp: a stream open this long without an error is up (and the
+	// backoff resets) even before its first message: a quiet node.
+	quietUp time.Duration
+	// openedAt (unix ns, 0 while none) is when the current stream opened;
+	// up is set once it delivered a message.
+	openedAt atomic.Int64
 	// noMask: the server refused the field mask; whole flows from then on.
 	noMask bool
 	// nodeRefusedMask: a Relay node refused the mask; the stream restarts.
@@ -131,6 +140,37 @@ type Client struct {
 	// clusterWarned: a Relay shard's cluster name was found wrong (shard.go).
 	clusterWarned atomic.Bool
 }
+
+// nodeMark is what was counted of one node's flows, and, for the session
+// after a reconnect, where the server's replay of them ends.
+type nodeMark struct {
+	last int64 // time of the last flow counted, in the stream's order
+	max  int64 // newest flow time counted
+	// replaying: this session has not yet passed the flows counted
+	// before it. The replay ends at the flow stamped replayLast (the last
+	// one counted, sent again) or at one newer than replayMax, so a node
+	// whose clock steps back loses nothing once its replay is over.
+	replaying             bool
+	replayLast, replayMax int64
+}
+
+// lostMark is the latest counted lost_events time of one node and source;
+// frozen is its value when this session started (replaying until the
+// server sends a newer one).
+type lostMark struct {
+	t, frozen int64
+	replaying bool
+}
+
+// markWindow is how far the resume point may lie before the newest flow:
+// marks older than that are never consulted and are pruned; lost-event
+// marks are kept longer (Hubble replays stored lost events without a time
+// filter, for as long as its ring holds them).
+const (
+	markWindow     = time.Minute
+	lostMarkWindow = time.Hour
+	minPruneAt     = 64
+)
 
 // lostKey is a lost_events mark's node and source.
 type lostKey struct {
@@ -160,16 +200,24 @@ func NewClient(cfg Config, agg *Aggregator) *Client {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	c := &Client{cfg: cfg, agg: agg, m: agg.Metrics(), logger: cfg.Logger, marks: map[string]*int64{}, lostMarks: map[lostKey]int64{},
-		notBefore: -1 << 63, noMask: cfg.NoFieldMask}
+	c := &Client{cfg: cfg, agg: agg, m: agg.Metrics(), logger: cfg.Logger, marks: map[string]*nodeMark{}, lostMarks: map[lostKey]*lostMark{},
+		notBefore: -1 << 63, noMask: cfg.NoFieldMask, quietUp: 5 * time.Second, pruneAt: minPruneAt, newest: -1 << 63}
 	if !cfg.Since.IsZero() {
 		c.notBefore = cfg.Since.UnixNano()
 	}
 	return c
 }
 
-// Up reports whether the flow stream is established (zonewatch_source_up).
-func (c *Client) Up() bool { return c.up.Load() }
+// Up reports whether the flow stream is established (zonewatch_source_up):
+// it delivered a message, or has stayed open for quietUp. A stream the
+// server fails before its first message is not up.
+func (c *Client) Up() bool {
+	if c.up.Load() {
+		return true
+	}
+	o := c.openedAt.Load()
+	return o != 0 && time.Since(time.Unix(0, o)) >= c.quietUp
+}
 
 // Run follows flows until ctx ends.
 func (c *Client) Run(ctx context.Context) {
@@ -184,6 +232,7 @@ func (c *Client) Run(ctx context.Context) {
 		}
 		got, err := c.session(ctx, since, connected && !restart)
 		restart = false
+		c.openedAt.Store(0)
 		c.up.Store(false)
 		if ctx.Err() != nil {
 			return
@@ -223,10 +272,11 @@ func (c *Client) Run(ctx context.Context) {
 	}
 }
 
-// resumeFrom is the since of the next connection: the oldest node mark,
-// but at most a minute before the newest (a node that went quiet must not
-// make the server replay its whole buffer); with no flow seen yet, when
-// the last session started.
+// resumeFrom is the since of the next connection: the oldest node's last
+// counted flow (so that the replay shows where each node's count ended),
+// but at most markWindow before the newest (a node that went quiet must
+// not make the server replay its whole buffer); with no flow seen yet,
+// when the last session started.
 func (c *Client) resumeFrom(sessionStart time.Time) time.Time {
 	if len(c.marks) == 0 {
 		return sessionStart
@@ -234,16 +284,48 @@ func (c *Client) resumeFrom(sessionStart time.Time) time.Time {
 	var lo, hi int64
 	first := true
 	for _, m := range c.marks {
-		if first || *m < lo {
-			lo = *m
+		if first || m.last < lo {
+			lo = m.last
 		}
-		if first || *m > hi {
-			hi = *m
+		if first || m.max > hi {
+			hi = m.max
 		}
 		first = false
 	}
-	lo = max(lo, hi-int64(time.Minute))
+	lo = max(lo, hi-int64(markWindow))
 	return time.Unix(0, lo)
+}
+
+// freezeMarks starts a session that resumes: every node replays until the
+// flows counted before are passed, every lost-event source until a newer
+// loss arrives.
+func (c *Client) freezeMarks() {
+	for _, m := range c.marks {
+		m.replaying, m.replayLast, m.replayMax = true, m.last, m.max
+	}
+	for _, m := range c.lostMarks {
+		m.replaying, m.frozen = true, m.t
+	}
+}
+
+// prune drops the marks too old to matter, once their number has doubled
+// since the last pruning (amortized: the flow path stays O(1)).
+func (c *Client) prune() {
+	if len(c.marks)+len(c.lostMarks) < c.pruneAt {
+		return
+	}
+	for node, m := range c.marks {
+		if m.max < c.newest-int64(markWindow) {
+			delete(c.marks, node)
+		}
+	}
+	for k, m := range c.lostMarks {
+		if m.t < c.newest-int64(lostMarkWindow) {
+			delete(c.lostMarks, k)
+		}
+	}
+	c.lastNode, c.lastMark = "", nil
+	c.pruneAt = max(minPruneAt, 2*(len(c.marks)+len(c.lostMarks)))
 }
 
 func backoff(failures int, lo, hi time.Duration) time.Duration {
@@ -255,7 +337,7 @@ func backoff(failures int, lo, hi time.Duration) time.Duration {
 }
 
 // session runs one connection; got reports whether the stream was
-// established.
+// established (a message arrived, or it stayed open for quietUp).
 func (c *Client) session(ctx context.Context, since time.Time, reconnect bool) (got bool, err error) {
 	creds, err := transportCredentials(c.cfg.TLS)
 	if err != nil {
@@ -306,14 +388,36 @@ func (c *Client) session(ctx context.Context, since time.Time, reconnect bool) (
 	if nodes != nil {
 		req.Whitelist = ShardWhitelist(req.Whitelist, nodes)
 	}
+	if c.resumed {
+		c.freezeMarks()
+	}
 	stream, err := obs.GetFlows(sctx, req, grpc.ForceCodecV2(newWireCodec()))
 	if err != nil {
 		return false, fmt.Errorf("hubble GetFlows at %s: %w", c.cfg.Address, err)
 	}
-	c.up.Store(true)
-	if reconnect {
-		c.m.Reconnects.Inc()
-		c.logger.Info("hubble flow stream re-established", "address", c.cfg.Address, "since", since)
+	// The call returning says nothing of the server (gRPC sends the
+	// request and returns): the stream counts as established once a
+	// message arrived, or once it stayed open for quietUp. One that fails
+	// first (a refused peer or filter, a Relay with no node) is a failed
+	// connection, backed off like one.
+	opened := time.Now()
+	c.openedAt.Store(opened.UnixNano())
+	established := false
+	establish := func() {
+		if established {
+			return
+		}
+		established = true
+		if reconnect {
+			c.m.Reconnects.Inc()
+			c.logger.Info("hubble flow stream re-established", "address", c.cfg.Address, "since", since)
+		}
+	}
+	healthy := func() bool {
+		if !established && time.Since(opened) >= c.quietUp {
+			establish()
+		}
+		return established
 	}
 	resp := &wireResponse{}
 	for first := true; ; first = false {
@@ -326,9 +430,13 @@ func (c *Client) session(ctx context.Context, since time.Time, reconnect bool) (
 				return false, errMaskRefused
 			}
 			if errors.Is(context.Cause(sctx), errNodesChanged) {
-				return true, errNodesChanged
+				return healthy(), errNodesChanged
 			}
-			return true, fmt.Errorf("receiving hubble flows from %s: %w", c.cfg.Address, err)
+			return healthy(), fmt.Errorf("receiving hubble flows from %s: %w", c.cfg.Address, err)
+		}
+		if first {
+			c.up.Store(true)
+			establish()
 		}
 		c.receive(resp)
 		if c.nodeRefusedMask {
@@ -445,53 +553,75 @@ func (c *Client) seenLost(resp *observerpb.GetFlowsResponse) bool {
 	}
 	t := ts.GetSeconds()*1e9 + int64(ts.GetNanos())
 	if t < c.notBefore {
-		c.replayedLost.Add(1)
+		c.m.SkippedEarly.Inc()
 		return true
 	}
 	src := resp.GetLostEvents().GetSource()
 	if src == flowpb.LostEventSource_HUBBLE_RING_BUFFER {
 		return false
 	}
+	c.newest = max(c.newest, t)
 	k := lostKey{observingNode(resp.GetNodeName()), src}
-	mark, ok := c.lostMarks[k]
-	if ok && c.resumed && t <= mark {
-		c.replayedLost.Add(1)
-		return true
+	m := c.lostMarks[k]
+	if m == nil {
+		m = &lostMark{t: t}
+		c.lostMarks[k] = m
+		c.prune()
+		return false
 	}
-	if !ok || t > mark {
-		c.lostMarks[k] = t
+	if m.replaying {
+		if t <= m.frozen {
+			c.m.SkippedLostReplayed.Inc()
+			return true
+		}
+		m.replaying = false
 	}
+	m.t = max(m.t, t)
 	return false
 }
 
-// seen records f's time as its node's mark and reports whether a previous
-// connection counted it already, or it is older than the client.
+// seen records f as counted on its node and reports whether a previous
+// connection counted it already (the server's replay after a resume), or
+// it is older than the client.
 func (c *Client) seen(f *Fields) bool {
 	if !f.HasTime {
 		return false
 	}
 	t := f.Time
 	if t < c.notBefore {
-		c.early.Add(1)
+		c.m.SkippedEarly.Inc()
 		return true
 	}
 	node := f.NodeName
-	mark := c.lastMark
-	if mark == nil || node != c.lastNode {
-		mark = c.marks[node]
-		if mark == nil {
-			mark = new(int64)
-			*mark = -1 << 63
-			c.marks[node] = mark
+	m := c.lastMark
+	if m == nil || node != c.lastNode {
+		m = c.marks[node]
+		if m == nil {
+			m = &nodeMark{last: t, max: t}
+			c.marks[node] = m
+			c.newest = max(c.newest, t)
+			c.prune()
+			return false
 		}
-		c.lastNode, c.lastMark = node, mark
+		c.lastNode, c.lastMark = node, m
 	}
-	if c.resumed && t <= *mark {
-		c.replayed.Add(1)
-		return true
+	if m.replaying {
+		switch {
+		case t > m.replayMax: // newer than anything counted: the replay is over
+			m.replaying = false
+		case t == m.replayLast: // the last flow counted, sent again: over after it
+			m.replaying = false
+			c.m.SkippedReplayed.Inc()
+			return true
+		default:
+			c.m.SkippedReplayed.Inc()
+			return true
+		}
 	}
-	if t > *mark {
-		*mark = t
+	m.last = t
+	if t > m.max {
+		m.max = t
+		c.newest = max(c.newest, t)
 	}
 	return false
 }

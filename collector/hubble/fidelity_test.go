@@ -67,7 +67,7 @@ func TestLostEventsNotRecountedAfterReconnect(t *testing.T) {
 	if got := lostTotal(m); got != 12 {
 		t.Errorf("lost events = %v after the reconnect, want 12 (10 + 2 in the gap)", got)
 	}
-	if c.replayedLost.Load() == 0 {
+	if testutil.ToFloat64(c.m.SkippedLostReplayed) == 0 {
 		t.Error("no lost event was replayed: the test does not exercise the replay")
 	}
 }
@@ -117,8 +117,8 @@ func TestFirstConnectionSkipsTheRingsNewestOldFlows(t *testing.T) {
 	})
 	h.Generate(time.Now().Add(time.Second), time.Second)
 	settle(t, 1, []*sim.Hubble{h}, c) // bert's worker -> coordinator events: the second's only
-	if c.early.Load() != 2 {
-		t.Errorf("%d flows from before the start skipped, want the 2 the server sent first", c.early.Load())
+	if testutil.ToFloat64(c.m.SkippedEarly) != 2 {
+		t.Errorf("%v flows from before the start skipped, want the 2 the server sent first", testutil.ToFloat64(c.m.SkippedEarly))
 	}
 }
 
@@ -284,8 +284,8 @@ func TestFieldMaskRefusedThroughRelay(t *testing.T) {
 	if got := agg.Events().Len(); got != 2 {
 		t.Errorf("%d event series, want 2", got)
 	}
-	if c.replayed.Load() != 1 {
-		t.Errorf("%d flows skipped as replayed, want 1", c.replayed.Load())
+	if testutil.ToFloat64(c.m.SkippedReplayed) != 1 {
+		t.Errorf("%v flows skipped as replayed, want 1", testutil.ToFloat64(c.m.SkippedReplayed))
 	}
 	if got := testutil.ToFloat64(agg.Metrics().Reconnects); got != 0 {
 		t.Errorf("reconnects = %v, want 0 (the restart without the mask is not a broken stream)", got)

@@ -120,7 +120,7 @@ func follow(t testing.TB, sock string, agg *Aggregator, mask bool) *Client {
 // received is how many flows c has received: counted, or skipped as
 // counted before or older than the client.
 func received(c *Client) uint64 {
-	return uint64(testutil.ToFloat64(c.m.Processed)) + c.replayed.Load() + c.early.Load()
+	return uint64(testutil.ToFloat64(c.m.Processed) + testutil.ToFloat64(c.m.SkippedReplayed) + testutil.ToFloat64(c.m.SkippedEarly))
 }
 
 // delivered reports whether the servers have sent all they hold and the

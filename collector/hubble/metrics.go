@@ -92,6 +92,11 @@ type Metrics struct {
 	// Malformed and Unknown count the responses skipped: not a valid
 	// message, or of a response type the client does not know.
 	Malformed, Unknown prometheus.Counter
+	// SkippedReplayed, SkippedLostReplayed and SkippedEarly count the
+	// responses skipped as counted already: flows and lost events the
+	// server replayed after a reconnect, and those stamped before the
+	// client started (or --hubble.since).
+	SkippedReplayed, SkippedLostReplayed, SkippedEarly prometheus.Counter
 }
 
 // NewMetrics creates the self metrics and registers them with reg (nil:
@@ -109,7 +114,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	maskRefused := prometheus.NewCounter(prometheus.CounterOpts{Name: "zonewatch_hubble_field_mask_refused_total",
 		Help: "Times a Hubble server refused the field mask (invalid fieldmask: it lacks a Flow field the mask names); the client then receives whole flows."})
 	skipped := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "zonewatch_hubble_responses_skipped_total",
-		Help: "GetFlows responses received and skipped (reason=malformed: not a valid message; unknown: a response type the client does not know); their flows are not counted."}, []string{"reason"})
+		Help: "GetFlows responses received and skipped, by reason: malformed (not a valid message), unknown (a response type the client does not know), replayed (a flow counted before the stream broke, sent again on the resume), lost_events_replayed (a lost_events response counted before, sent again), before_start (stamped before the exporter started or --hubble.since). Their flows and losses are not counted."}, []string{"reason"})
 	if reg != nil {
 		skipped = register(reg, skipped)
 		maskRefused = register(reg, maskRefused)
@@ -125,6 +130,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	m.FieldMaskRefused = maskRefused
 	m.Malformed, m.Unknown = skipped.WithLabelValues("malformed"), skipped.WithLabelValues("unknown")
+	m.SkippedReplayed, m.SkippedLostReplayed = skipped.WithLabelValues("replayed"), skipped.WithLabelValues("lost_events_replayed")
+	m.SkippedEarly = skipped.WithLabelValues("before_start")
 	for i := range m.lost {
 		m.lost[i] = lost.WithLabelValues(lostSourceLabel(flowpb.LostEventSource(i)))
 	}
@@ -275,10 +282,24 @@ func (a *Aggregator) Update(ch chan<- prometheus.Metric) error {
 	a.drops.Collect(ch)
 	a.events.Collect(ch)
 	a.peerDrops.Collect(ch)
-	// A job that is gone names its peers afresh if it comes back.
+	// A job that is gone names its peers afresh if it comes back, once
+	// the series its budget bounds are gone too (reaped after the grace
+	// period): a job back within it keeps them, and its budget.
+	a.mu.Lock()
+	budgets := len(a.named)
+	a.mu.Unlock()
+	if budgets == 0 || a.topo == nil {
+		return nil
+	}
+	held := map[jobRef]bool{}
+	a.peerDrops.Each(func(k PeerDropKey, _ float64) {
+		if k.PeerWorkload != "" {
+			held[jobRef{k.Namespace, k.Job}] = true
+		}
+	})
 	a.mu.Lock()
 	for j := range a.named {
-		if a.topo != nil && !a.topo.JobExists(j.namespace, j.name) {
+		if !held[j] && !a.topo.JobExists(j.namespace, j.name) {
 			delete(a.named, j)
 		}
 	}

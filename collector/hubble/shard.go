@@ -168,7 +168,7 @@ const NewNodeReplay = 30 * time.Second
 func (c *Client) sinceWithNewNodes(since time.Time) time.Time {
 	var hi int64
 	for _, m := range c.marks {
-		hi = max(hi, *m)
+		hi = max(hi, m.max)
 	}
 	if hi == 0 {
 		return since
