@@ -6,9 +6,13 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -16,7 +20,9 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/metadata"
 	"k8s.io/client-go/rest"
@@ -88,20 +94,121 @@ func (b *countingBody) Read(p []byte) (int, error) {
 	return n, err
 }
 
+// realisticNode is a GPU node as a cloud provider's kubelet reports it:
+// provider, GPU operator and node-feature-discovery labels, the
+// annotations of kubelet, the CSI driver and Cilium, capacity with GPUs,
+// the five conditions with their messages, addresses, the daemon
+// endpoint, node info and the images it pulled (kubelet reports up to 50).
+func realisticNode(i, zones int) *corev1.Node {
+	name := fmt.Sprintf("node-%05d", i)
+	labels := map[string]string{
+		kube.LabelZone: fmt.Sprintf("zone-%d", i%zones), kube.LabelRegion: "us-east-1", kube.LabelZoneLegacy: fmt.Sprintf("zone-%d", i%zones),
+		"failure-domain.beta.kubernetes.io/region": "us-east-1", "kubernetes.io/hostname": name, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
+		"beta.kubernetes.io/os": "linux", "beta.kubernetes.io/arch": "amd64", "beta.kubernetes.io/instance-type": "p5.48xlarge",
+		"node.kubernetes.io/instance-type": "p5.48xlarge", "eks.amazonaws.com/nodegroup": "gpu-p5", "eks.amazonaws.com/capacityType": "ON_DEMAND",
+		"eks.amazonaws.com/nodegroup-image": "ami-0abcdef1234567890", "k8s.io/cloud-provider-aws": "a1b2c3d4e5f60718293a4b5c6d7e8f90",
+		"topology.k8s.aws/network-node-layer-1": "nn-1a2b3c4d5e6f", "topology.k8s.aws/network-node-layer-2": "nn-2b3c4d5e6f7a",
+		"topology.k8s.aws/network-node-layer-3": "nn-3c4d5e6f7a8b", "nvidia.com/gpu.present": "true", "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
+		"nvidia.com/gpu.count": "8", "nvidia.com/gpu.memory": "81559", "nvidia.com/gpu.family": "hopper", "nvidia.com/gpu.machine": "p5.48xlarge",
+		"nvidia.com/cuda.driver.major": "550", "nvidia.com/cuda.driver.minor": "90", "nvidia.com/cuda.driver.rev": "07", "nvidia.com/cuda.runtime.major": "12",
+		"nvidia.com/cuda.runtime.minor": "4", "nvidia.com/gfd.timestamp": "1733097600", "nvidia.com/mig.capable": "true", "nvidia.com/mig.strategy": "single",
+		"nvidia.com/gpu.deploy.container-toolkit": "true", "nvidia.com/gpu.deploy.dcgm": "true", "nvidia.com/gpu.deploy.dcgm-exporter": "true",
+		"nvidia.com/gpu.deploy.device-plugin": "true", "nvidia.com/gpu.deploy.driver": "pre-installed", "nvidia.com/gpu.deploy.gpu-feature-discovery": "true",
+		"nvidia.com/gpu.deploy.node-status-exporter": "true", "nvidia.com/gpu.deploy.operator-validator": "true",
+		"feature.node.kubernetes.io/cpu-cpuid.AVX512F": "true", "feature.node.kubernetes.io/cpu-cpuid.AMXTILE": "true",
+		"feature.node.kubernetes.io/cpu-model.family": "6", "feature.node.kubernetes.io/cpu-model.id": "143", "feature.node.kubernetes.io/cpu-model.vendor_id": "Intel",
+		"feature.node.kubernetes.io/kernel-version.full": "6.1.115-126.197.amzn2023.x86_64", "feature.node.kubernetes.io/pci-10de.present": "true",
+		"feature.node.kubernetes.io/pci-1d0f.present": "true", "feature.node.kubernetes.io/system-os_release.ID": "amzn",
+		"feature.node.kubernetes.io/system-os_release.VERSION_ID": "2023", "vpc.amazonaws.com/efa.present": "true",
+	}
+	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels, Annotations: map[string]string{
+		"alpha.kubernetes.io/provided-node-ip":                   fmt.Sprintf("10.%d.%d.%d", 20+i/65536, i/256%256, i%256),
+		"csi.volume.kubernetes.io/nodeid":                        fmt.Sprintf(`{"ebs.csi.aws.com":"i-0%016x","efs.csi.aws.com":"i-0%016x"}`, i, i),
+		"node.alpha.kubernetes.io/ttl":                           "0",
+		"volumes.kubernetes.io/controller-managed-attach-detach": "true",
+		"nfd.node.kubernetes.io/feature-labels":                  "cpu-cpuid.AVX512F,cpu-cpuid.AMXTILE,cpu-model.family,cpu-model.id,cpu-model.vendor_id,kernel-version.full,pci-10de.present,pci-1d0f.present,system-os_release.ID,system-os_release.VERSION_ID",
+		"network.cilium.io/ipv4-cilium-host":                     fmt.Sprintf("10.%d.%d.1", i/256, i%256),
+	}},
+		Spec: corev1.NodeSpec{PodCIDR: fmt.Sprintf("10.%d.%d.0/24", i/256, i%256), PodCIDRs: []string{fmt.Sprintf("10.%d.%d.0/24", i/256, i%256)},
+			ProviderID: fmt.Sprintf("aws:///us-east-1a/i-0%016x", i)}}
+	return n
+}
+
+// realisticStatus fills what kubelet reports of the node.
+func realisticStatus(n *corev1.Node, i int, beat time.Time) {
+	q := resource.MustParse
+	capacity := corev1.ResourceList{"cpu": q("192"), "memory": q("2097152Mi"), "ephemeral-storage": q("30Ti"), "pods": q("110"),
+		"hugepages-1Gi": q("0"), "hugepages-2Mi": q("0"), "nvidia.com/gpu": q("8"), "vpc.amazonaws.com/efa": q("32")}
+	alloc := capacity.DeepCopy()
+	alloc["cpu"], alloc["memory"] = q("191450m"), q("2060000Mi")
+	hb := metav1.NewTime(beat)
+	cond := func(t corev1.NodeConditionType, s corev1.ConditionStatus, reason, msg string) corev1.NodeCondition {
+		return corev1.NodeCondition{Type: t, Status: s, LastHeartbeatTime: hb, LastTransitionTime: metav1.NewTime(beat.Add(-72 * time.Hour)), Reason: reason, Message: msg}
+	}
+	var images []corev1.ContainerImage
+	for k := range 40 {
+		repo := fmt.Sprintf("123456789012.dkr.ecr.us-east-1.amazonaws.com/ml-platform/image-%02d", k)
+		images = append(images, corev1.ContainerImage{Names: []string{
+			repo + "@sha256:" + fmt.Sprintf("%064x", k*7919+1), repo + ":v1." + fmt.Sprint(k)}, SizeBytes: int64(1e9 + k*1e7)})
+	}
+	ip := fmt.Sprintf("10.%d.%d.%d", 20+i/65536, i/256%256, i%256)
+	n.Status = corev1.NodeStatus{Capacity: capacity, Allocatable: alloc,
+		Conditions: []corev1.NodeCondition{
+			cond(corev1.NodeMemoryPressure, corev1.ConditionFalse, "KubeletHasSufficientMemory", "kubelet has sufficient memory available"),
+			cond(corev1.NodeDiskPressure, corev1.ConditionFalse, "KubeletHasNoDiskPressure", "kubelet has no disk pressure"),
+			cond(corev1.NodePIDPressure, corev1.ConditionFalse, "KubeletHasSufficientPID", "kubelet has sufficient PID available"),
+			cond(corev1.NodeReady, corev1.ConditionTrue, "KubeletReady", "kubelet is posting ready status"),
+			cond("NetworkUnavailable", corev1.ConditionFalse, "CiliumIsUp", "Cilium is running on this node"),
+		},
+		Addresses: []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: ip},
+			{Type: corev1.NodeHostName, Address: fmt.Sprintf("ip-%s.ec2.internal", strings.ReplaceAll(ip, ".", "-"))},
+			{Type: corev1.NodeInternalDNS, Address: fmt.Sprintf("ip-%s.ec2.internal", strings.ReplaceAll(ip, ".", "-"))}},
+		DaemonEndpoints: corev1.NodeDaemonEndpoints{KubeletEndpoint: corev1.DaemonEndpoint{Port: 10250}},
+		NodeInfo: corev1.NodeSystemInfo{MachineID: fmt.Sprintf("ec2%029x", i), SystemUUID: fmt.Sprintf("ec2%05x-0000-0000-0000-000000000000", i),
+			BootID: fmt.Sprintf("%08x-1111-2222-3333-444455556666", i), KernelVersion: "6.1.115-126.197.amzn2023.x86_64",
+			OSImage: "Amazon Linux 2023.6.20241121", ContainerRuntimeVersion: "containerd://1.7.23", KubeletVersion: "v1.37.2",
+			KubeProxyVersion: "v1.37.2", OperatingSystem: "linux", Architecture: "amd64"},
+		Images: images}
+}
+
+// costEnv reads a size from the environment (default def).
+func costEnv(name string, def int) int {
+	if v, err := strconv.Atoi(os.Getenv(name)); err == nil && v > 0 {
+		return v
+	}
+	return def
+}
+
 // TestAPIServerCost measures what one exporter costs the apiserver on the
-// real kube-apiserver: 1,000 nodes and 5,000 job pods (500 PyTorchJobs of
-// 10), besides 2,000 pods of no job; the watches it opens, the bytes of its
-// first sync, and the bytes it receives under churn (pod status updates,
-// pods replaced, node status updates). Measured, not asserted: opt in with
-// ZONEWATCH_APISERVER_COST=1 (about a minute on 2 cores); the figures are
-// in docs/performance.md.
+// real kube-apiserver, in each mode: Relay (the cluster-wide view) and
+// DaemonSet (the per-node view, NewLocal: its node's pods and its jobs'
+// pods). The cluster: realistic GPU nodes (realisticNode) and job pods,
+// PyTorchJobs of 10 pods spread one pod a node, besides pods of no job
+// (ZONEWATCH_APISERVER_COST_NODES, _JOBPODS; default 1,000 and 5,000).
+// It measures the bytes of each mode's first lists and what its watches
+// receive while every job pod's status changes once and every node's
+// status once; watch_bytes_per_s is that at one update per job pod per 10
+// minutes and per node per 5 (kubelet's nodeStatusReportFrequency), the
+// round's bytes over 600 and 300 s. Then the exporter binary runs as the
+// chart's identity (its ServiceAccount and ClusterRole, its container's
+// securityContext) in both modes for its resident set; and, with
+// ZONEWATCH_APISERVER_COST_ROLLOUT=N, N exporters of each mode start at
+// once (a rollout) while the apiserver's CPU and memory are read from
+// /proc. Measured, not asserted: opt in with ZONEWATCH_APISERVER_COST=1;
+// the figures are in docs/performance.md. One line a mode:
+//
+//	apiserver-cost: mode=<daemonset|relay> nodes=N jobpods=M first_list_bytes=B watch_bytes_per_s=W rss_mib=R
 func TestAPIServerCost(t *testing.T) {
 	if os.Getenv("ZONEWATCH_APISERVER_COST") == "" {
-		t.Skip("set ZONEWATCH_APISERVER_COST=1 to measure the apiserver cost at 1,000 nodes and 5,000 job pods")
+		t.Skip("set ZONEWATCH_APISERVER_COST=1 to measure the apiserver cost (default 1,000 nodes and 5,000 job pods)")
 	}
-	const nodes, jobs, perJob, others = 1000, 500, 10, 2000
+	nodes := costEnv("ZONEWATCH_APISERVER_COST_NODES", 1000)
+	jobPods := costEnv("ZONEWATCH_APISERVER_COST_JOBPODS", 5000)
+	const perJob, zones = 10, 3
+	jobs, others := jobPods/perJob, 2000
+	jobPods = jobs * perJob
 	api := testenv.StartAPIServer(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 25*time.Minute)
 	defer cancel()
 	fast := rest.CopyConfig(api.Config)
 	fast.QPS, fast.Burst = 5000, 10000
@@ -137,16 +244,19 @@ func TestAPIServerCost(t *testing.T) {
 	}
 	start := time.Now()
 	parallel(nodes, func(i int) error {
-		n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("node-%04d", i), Labels: map[string]string{
-			kube.LabelZone: fmt.Sprintf("zone-%d", i%3), kube.LabelRegion: "r1", "kubernetes.io/hostname": fmt.Sprintf("node-%04d", i),
-			"node.kubernetes.io/instance-type": "p5.48xlarge"}},
-			Spec: corev1.NodeSpec{PodCIDR: fmt.Sprintf("10.%d.%d.0/24", i/256, i%256)}}
-		_, err := writer.CoreV1().Nodes().Create(ctx, n, metav1.CreateOptions{})
+		created, err := writer.CoreV1().Nodes().Create(ctx, realisticNode(i, zones), metav1.CreateOptions{})
+		if err != nil {
+			return err
+		}
+		realisticStatus(created, i, time.Now())
+		_, err = writer.CoreV1().Nodes().UpdateStatus(ctx, created, metav1.UpdateOptions{})
 		return err
 	})
+	// Job j's pod k runs on node (j*perJob+k) mod nodes: one pod of a job a
+	// node, each node holding jobPods/nodes pods of as many jobs.
 	pod := func(i int, job bool) *corev1.Pod {
 		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ml", Name: fmt.Sprintf("other-%d", i), Labels: map[string]string{"app": "web"}},
-			Spec: corev1.PodSpec{NodeName: fmt.Sprintf("node-%04d", i%nodes), Containers: []corev1.Container{{Name: "c", Image: "nvcr.io/nvidia/pytorch:24.05-py3",
+			Spec: corev1.PodSpec{NodeName: fmt.Sprintf("node-%05d", i%nodes), Containers: []corev1.Container{{Name: "c", Image: "nvcr.io/nvidia/pytorch:24.05-py3",
 				Env: []corev1.EnvVar{{Name: "NCCL_DEBUG", Value: "INFO"}}}}}}
 		if job {
 			j, k := i/perJob, i%perJob
@@ -170,44 +280,100 @@ func TestAPIServerCost(t *testing.T) {
 		}
 		return running(created, i)
 	}
-	parallel(jobs*perJob, func(i int) error { return create(i, true) })
-	parallel(others, func(i int) error { return create(jobs*perJob+i, false) })
-	t.Logf("created %d nodes, %d job pods, %d other pods in %v", nodes, jobs*perJob, others, time.Since(start).Round(time.Second))
+	parallel(jobPods, func(i int) error { return create(i, true) })
+	parallel(others, func(i int) error { return create(jobPods+i, false) })
+	t.Logf("created %d nodes, %d job pods, %d other pods in %v", nodes, jobPods, others, time.Since(start).Round(time.Second))
+	// One node's object as each view would read it: whole (protobuf, as the
+	// node informer), metadata only (what a PartialObjectMetadata view
+	// reads: no addresses).
+	{
+		raw, err := writer.CoreV1().RESTClient().Get().AbsPath("/api/v1/nodes/node-00007").
+			SetHeader("Accept", "application/vnd.kubernetes.protobuf").DoRaw(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		js, err := writer.CoreV1().RESTClient().Get().AbsPath("/api/v1/nodes/node-00007").SetHeader("Accept", "application/json").DoRaw(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		meta, err := writer.CoreV1().RESTClient().Get().AbsPath("/api/v1/nodes/node-00007").
+			SetHeader("Accept", "application/vnd.kubernetes.protobuf;as=PartialObjectMetadata;g=meta.k8s.io;v=v1").DoRaw(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		table, err := writer.CoreV1().RESTClient().Get().AbsPath("/api/v1/nodes/node-00007").Param("includeObject", "None").
+			SetHeader("Accept", "application/json;as=Table;g=meta.k8s.io;v=v1").DoRaw(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("one realistic node: %d B protobuf, %d B JSON; metadata only %d B protobuf; as a Table row without the object %d B JSON", len(raw), len(js), len(meta), len(table))
+	}
 
-	tr := &traffic{lists: map[string]int{}, watches: map[string]int{}, bytes: map[string]*atomic.Int64{}}
-	cfg := rest.CopyConfig(api.Config)
-	cfg.WrapTransport = tr.wrap
-	meta := metadata.NewForConfigOrDie(cfg)
-	cfg.ContentType = "application/vnd.kubernetes.protobuf" // as cmd/exporter/kube.go
-	cfg.AcceptContentTypes = "application/vnd.kubernetes.protobuf,application/json"
-	client := kubernetes.NewForConfigOrDie(cfg)
-	index := topology.NewIndex()
-	l, factories, err := kube.NewLive(client, index, topology.DefaultRules(), 0, slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
+	type mode struct {
+		name    string
+		tr      *traffic
+		l       *kube.Live
+		index   *topology.Index
+		firstNB int64
+		firstPB int64
 	}
-	l.WithOwners(meta, client.Discovery())
-	syncStart := time.Now()
-	if err := l.Run(ctx, factories); err != nil {
-		t.Fatal(err)
+	newTraffic := func() *traffic {
+		return &traffic{lists: map[string]int{}, watches: map[string]int{}, bytes: map[string]*atomic.Int64{}}
 	}
-	n, p, j := index.Counts()
-	if n != nodes || p != jobs*perJob || j != jobs {
-		t.Fatalf("index holds %d nodes, %d job pods, %d jobs", n, p, j)
+	clientFor := func(tr *traffic) (kubernetes.Interface, metadata.Interface) {
+		cfg := rest.CopyConfig(api.Config)
+		cfg.WrapTransport = tr.wrap
+		meta := metadata.NewForConfigOrDie(cfg)
+		cfg.ContentType = "application/vnd.kubernetes.protobuf" // as cmd/exporter/kube.go
+		cfg.AcceptContentTypes = "application/vnd.kubernetes.protobuf,application/json"
+		return kubernetes.NewForConfigOrDie(cfg), meta
 	}
-	tr.mu.Lock()
-	t.Logf("sync in %v: lists %v, watches opened %v", time.Since(syncStart).Round(time.Millisecond), tr.lists, tr.watches)
-	tr.mu.Unlock()
-	syncNodes, syncPods := tr.total("nodes"), tr.total("pods")
-	t.Logf("sync bytes: nodes %d (%d per node), pods %d (%d per job pod)", syncNodes, syncNodes/nodes, syncPods, syncPods/int64(jobs*perJob))
+	const localNode = "node-00007"
+	var modes []*mode
+	for _, name := range []string{"relay", "daemonset"} {
+		m := &mode{name: name, tr: newTraffic(), index: topology.NewIndex()}
+		client, meta := clientFor(m.tr)
+		var fs []informers.SharedInformerFactory
+		var err error
+		if name == "relay" {
+			m.l, fs, err = kube.NewLive(client, m.index, topology.DefaultRules(), 0, slog.New(slog.DiscardHandler))
+		} else {
+			m.index.SetRemote(localNode, noIPCache{}, nil, topology.DefaultRules())
+			m.l, fs, err = kube.NewLocal(client, m.index, topology.DefaultRules(), localNode, 0, slog.New(slog.DiscardHandler))
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		m.l.WithOwners(meta, client.Discovery())
+		syncStart := time.Now()
+		if err := m.l.Run(ctx, fs); err != nil {
+			t.Fatal(err)
+		}
+		n, p, j := m.index.Counts()
+		m.tr.mu.Lock()
+		t.Logf("%s: sync in %v: %d nodes, %d job pods, %d jobs held; lists %v, watches opened %v", name, time.Since(syncStart).Round(time.Millisecond), n, p, j, m.tr.lists, m.tr.watches)
+		m.tr.mu.Unlock()
+		if n != nodes || (name == "relay" && (p != jobPods || j != jobs)) {
+			t.Fatalf("%s: index holds %d nodes, %d job pods, %d jobs", name, n, p, j)
+		}
+		m.firstNB, m.firstPB = m.tr.total("nodes"), m.tr.total("pods")
+		t.Logf("%s: first lists: nodes %d B (%d a node), pods %d B (%d a job pod held), all %d B", name, m.firstNB, m.firstNB/int64(nodes), m.firstPB, m.firstPB/int64(max(p, 1)), m.tr.all())
+		modes = append(modes, m)
+	}
 
-	// Churn: every job pod's status changes once (a kubelet condition
-	// update), 500 job pods are replaced (delete, create, running), every
-	// node's status changes once (a heartbeat-like condition update), and
-	// every other pod's status changes once (not watched: no bytes).
-	settle := func() { time.Sleep(2 * time.Second) }
-	b0 := tr.total("pods")
-	parallel(jobs*perJob, func(i int) error {
+	// Churn, one round: every job pod's status changes once (a kubelet
+	// condition update), every other pod's once (selected out: no bytes),
+	// every node's status once (kubelet's report: a new heartbeat time).
+	settle := func() { time.Sleep(3 * time.Second) }
+	before := func(res string) []int64 {
+		var out []int64
+		for _, m := range modes {
+			out = append(out, m.tr.total(res))
+		}
+		return out
+	}
+	p0 := before("pods")
+	parallel(jobPods, func(i int) error {
 		p, err := writer.CoreV1().Pods("ml").Get(ctx, pod(i, true).Name, metav1.GetOptions{})
 		if err != nil {
 			return err
@@ -216,11 +382,8 @@ func TestAPIServerCost(t *testing.T) {
 		_, err = writer.CoreV1().Pods("ml").UpdateStatus(ctx, p, metav1.UpdateOptions{})
 		return err
 	})
-	settle()
-	statusBytes := tr.total("pods") - b0
-	b0 = tr.total("pods")
 	parallel(others, func(i int) error {
-		p, err := writer.CoreV1().Pods("ml").Get(ctx, pod(jobs*perJob+i, false).Name, metav1.GetOptions{})
+		p, err := writer.CoreV1().Pods("ml").Get(ctx, pod(jobPods+i, false).Name, metav1.GetOptions{})
 		if err != nil {
 			return err
 		}
@@ -229,47 +392,30 @@ func TestAPIServerCost(t *testing.T) {
 		return err
 	})
 	settle()
-	otherBytes := tr.total("pods") - b0
-	b0 = tr.total("pods")
-	const replaced = 500
-	parallel(replaced, func(i int) error {
-		return writer.CoreV1().Pods("ml").Delete(ctx, pod(i, true).Name, metav1.DeleteOptions{GracePeriodSeconds: new(int64)})
-	})
-	parallel(replaced, func(i int) error { return create(i, true) })
-	settle()
-	replaceBytes := tr.total("pods") - b0
-	n0 := tr.total("nodes")
+	n0 := before("nodes")
 	parallel(nodes, func(i int) error {
-		nd, err := writer.CoreV1().Nodes().Get(ctx, fmt.Sprintf("node-%04d", i), metav1.GetOptions{})
+		nd, err := writer.CoreV1().Nodes().Get(ctx, fmt.Sprintf("node-%05d", i), metav1.GetOptions{})
 		if err != nil {
 			return err
 		}
-		nd.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue, LastHeartbeatTime: metav1.Now()}}
+		realisticStatus(nd, i, time.Now())
 		_, err = writer.CoreV1().Nodes().UpdateStatus(ctx, nd, metav1.UpdateOptions{})
 		return err
 	})
 	settle()
-	nodeBytes := tr.total("nodes") - n0
-	t.Logf("churn bytes: job pod status updates %d (%d per update), other pods' updates %d, job pods replaced %d (%d per replacement), node status updates %d (%d per update)",
-		statusBytes, statusBytes/int64(jobs*perJob), otherBytes, replaceBytes, replaceBytes/replaced, nodeBytes, nodeBytes/nodes)
-	tr.mu.Lock()
-	t.Logf("watches opened in all: %v", tr.watches)
-	tr.mu.Unlock()
+	p1, n1 := before("pods"), before("nodes")
 
-	// The exporter process itself on this cluster, Relay mode (every
-	// node's jobs) and DaemonSet mode (one node's), from its own
-	// process_* and go_* metrics and /proc after sync and 20 scrapes; each
-	// mode as the chart runs it and with the variants of
-	// ZONEWATCH_APISERVER_COST_ENV ("GOMEMLIMIT=40MiB;GOGC=50,GOMEMLIMIT=40MiB":
-	// variants split by ';', settings by ','), and other builds of the
-	// exporter to compare with ZONEWATCH_APISERVER_COST_BINS
-	// ("name=/path;...").
+	// The exporter binary, as the chart runs it, in each mode.
 	bin := filepath.Join(t.TempDir(), "zonewatch-exporter")
 	build := exec.Command("go", "build", "-o", bin, "./cmd/exporter")
 	build.Dir = filepath.Join("..", "..")
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
+	if st, err := os.Stat(bin); err == nil {
+		t.Logf("exporter binary: %d bytes", st.Size())
+	}
+	id := api.ChartIdentity(t, nil)
 	variants := []string{""}
 	if v := os.Getenv("ZONEWATCH_APISERVER_COST_ENV"); v != "" {
 		variants = append(variants, strings.Split(v, ";")...)
@@ -280,25 +426,176 @@ func TestAPIServerCost(t *testing.T) {
 			bins = append(bins, [2]string{name, path})
 		}
 	}
+	rss := map[string]string{}
 	for _, b := range bins {
-		if st, err := os.Stat(b[1]); err == nil {
-			t.Logf("exporter binary %q: %d bytes", b[0], st.Size())
-		}
-		for _, node := range []string{"", "node-0007"} {
+		for _, node := range []string{"", localNode} {
 			for _, env := range variants {
-				runExporter(t, api, b[1], b[0], node, env)
+				r := runExporter(t, id, b[1], b[0], node, env)
+				if b[0] == "this tree" && env == "" {
+					rss[map[bool]string{true: "relay", false: "daemonset"}[node == ""]] = r
+				}
 			}
+		}
+	}
+	for i, m := range modes {
+		podRound, nodeRound := p1[i]-p0[i], n1[i]-n0[i]
+		_, held, _ := m.index.Counts()
+		t.Logf("%s: one round of churn: job pod updates %d B (%d job pods held, %d B an update held), node updates %d B (%d a node); watches opened in all %v",
+			m.name, podRound, held, podRound/int64(max(held, 1)), nodeRound, nodeRound/int64(nodes), m.tr.watches)
+		fmt.Printf("apiserver-cost: mode=%s nodes=%d jobpods=%d first_list_bytes=%d watch_bytes_per_s=%d rss_mib=%s\n",
+			m.name, nodes, jobPods, m.tr.all(), podRound/600+nodeRound/300, rss[m.name])
+	}
+	if n := costEnv("ZONEWATCH_APISERVER_COST_ROLLOUT", 0); n > 0 {
+		for _, name := range []string{"relay", "daemonset"} {
+			rollout(ctx, t, api, name, n, nodes)
 		}
 	}
 }
 
-// runExporter runs the exporter binary on the test's cluster with the
+// noIPCache is an ipcache without entries: the apiserver's cost does not
+// depend on it.
+type noIPCache struct{}
+
+func (noIPCache) Lookup(netip.Addr) (topology.RemoteEntry, bool) {
+	return topology.RemoteEntry{}, false
+}
+
+// all is every byte received.
+func (tr *traffic) all() int64 {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	var n int64
+	for _, b := range tr.bytes {
+		n += b.Load()
+	}
+	return n
+}
+
+// procStat reads a process's CPU seconds (utime+stime) and resident and
+// peak memory in MiB.
+func procStat(pid int) (cpu float64, rss, hwm float64) {
+	stat, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if i := strings.LastIndexByte(string(stat), ')'); i > 0 {
+		f := strings.Fields(string(stat)[i+2:])
+		if len(f) > 12 {
+			u, _ := strconv.ParseFloat(f[11], 64)
+			s, _ := strconv.ParseFloat(f[12], 64)
+			cpu = (u + s) / 100 // USER_HZ
+		}
+	}
+	status, _ := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	for _, line := range strings.Split(string(status), "\n") {
+		var kb float64
+		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			fmt.Sscan(v, &kb)
+			rss = kb / 1024
+		}
+		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			fmt.Sscan(v, &kb)
+			hwm = kb / 1024
+		}
+	}
+	return
+}
+
+// apiserverPid finds the test's kube-apiserver by its URL's port.
+func apiserverPid(t *testing.T, api *testenv.APIServer) int {
+	t.Helper()
+	_, port, _ := strings.Cut(strings.TrimPrefix(api.URL, "https://"), ":")
+	dirs, _ := os.ReadDir("/proc")
+	for _, d := range dirs {
+		pid, err := strconv.Atoi(d.Name())
+		if err != nil {
+			continue
+		}
+		cmd, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		args := strings.Split(string(cmd), "\x00")
+		if len(args) > 0 && strings.HasSuffix(args[0], "kube-apiserver") && slices.Contains(args, port) {
+			return pid
+		}
+	}
+	t.Fatal("kube-apiserver process not found")
+	return 0
+}
+
+// rollout starts n exporters' informers of one mode at once, each its own
+// client (its own connection), as a DaemonSet rollout does, and logs the
+// apiserver's CPU and memory from the start until they all synced and
+// then for 10 s of watching.
+func rollout(ctx context.Context, t *testing.T, api *testenv.APIServer, mode string, n, nodes int) {
+	t.Helper()
+	pid := apiserverPid(t, api)
+	runtime.GC()
+	cpu0, rss0, _ := procStat(pid)
+	start := time.Now()
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			cfg := rest.CopyConfig(api.Config)
+			cfg.ContentType = "application/vnd.kubernetes.protobuf"
+			cfg.AcceptContentTypes = "application/vnd.kubernetes.protobuf,application/json"
+			cfg.QPS, cfg.Burst = 50, 100
+			client := kubernetes.NewForConfigOrDie(cfg)
+			index := topology.NewIndex()
+			var l *kube.Live
+			var fs []informers.SharedInformerFactory
+			var err error
+			if mode == "relay" {
+				l, fs, err = kube.NewLive(client, index, topology.DefaultRules(), 0, slog.New(slog.DiscardHandler))
+			} else {
+				node := fmt.Sprintf("node-%05d", i*nodes/n)
+				index.SetRemote(node, noIPCache{}, nil, topology.DefaultRules())
+				l, fs, err = kube.NewLocal(client, index, topology.DefaultRules(), node, 0, slog.New(slog.DiscardHandler))
+			}
+			if err == nil {
+				err = l.Run(rctx, fs)
+			}
+			errs <- err
+		}()
+	}
+	peak := rss0
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	tick := time.NewTicker(200 * time.Millisecond)
+	defer tick.Stop()
+wait:
+	for {
+		select {
+		case <-done:
+			break wait
+		case <-tick.C:
+			if _, r, _ := procStat(pid); r > peak {
+				peak = r
+			}
+		}
+	}
+	synced := time.Since(start)
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatalf("%s rollout: %v", mode, err)
+		}
+	}
+	cpu1, rss1, _ := procStat(pid)
+	time.Sleep(10 * time.Second)
+	cpu2, rss2, _ := procStat(pid)
+	t.Logf("rollout of %d %s exporters: all synced in %v; kube-apiserver CPU %.1f s to sync, %.2f s in 10 s of watching after; resident %.0f MiB before, peak %.0f MiB, %.0f MiB synced, %.0f MiB 10 s later",
+		n, mode, synced.Round(time.Millisecond), cpu1-cpu0, cpu2-cpu1, rss0, peak, rss1, rss2)
+}
+
+// runExporter runs the exporter binary on the test's cluster, as the
+// chart's identity, with the
 // settings of env ("K=V,K=V") and logs its memory after sync and 20
 // scrapes: the resident set and its parts (/proc: anonymous, file-backed
 // pages of the binary, the peak), and the Go runtime's own figures from
 // its go_* metrics (heap in use, idle and released, the next GC's goal,
 // stacks, all the runtime holds).
-func runExporter(t *testing.T, api *testenv.APIServer, bin, build, node, env string) {
+func runExporter(t *testing.T, id *testenv.Identity, bin, build, node, env string) string {
 	t.Helper()
 	for _, kv := range strings.Split(env, ",") {
 		if k, v, ok := strings.Cut(kv, "="); ok {
@@ -333,7 +630,9 @@ func runExporter(t *testing.T, api *testenv.APIServer, bin, build, node, env str
 		t.Fatal(err)
 	}
 	addr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
-	cmd := testenv.Start(t, t.TempDir(), "exporter", bin, "--kubeconfig="+api.Kubeconfig, "--node-name="+node,
+	// As the chart runs it: its ServiceAccount and ClusterRole, its
+	// container's securityContext (not admin, not the test's root).
+	cmd := testenv.StartAs(t, t.TempDir(), "exporter", testenv.ChartSecurityContext(t), bin, "--kubeconfig="+id.Kubeconfig, "--node-name="+node,
 		"--web.listen-address="+addr, "--no-hubble.enabled", "--gpu.source=none", "--no-conntrack.enabled", "--no-probe.enabled")
 	defer func() { _ = cmd.Process.Kill() }()
 	deadline := time.Now().Add(60 * time.Second)
@@ -418,4 +717,5 @@ func runExporter(t *testing.T, api *testenv.APIServer, bin, build, node, env str
 		mib("go_memstats_heap_inuse_bytes"), mib("go_memstats_heap_idle_bytes"), mib("go_memstats_heap_released_bytes"),
 		mib("go_memstats_next_gc_bytes"), mib("go_memstats_stack_inuse_bytes"), mib("go_memstats_sys_bytes"),
 		metric("process_cpu_seconds_total"), len(page))
+	return proc("VmRSS")
 }

@@ -40,6 +40,14 @@ type Live struct {
 	owners *ownerStore
 	// denied makes a missing RBAC rule loud (Denials).
 	denied *Denials
+
+	// The per-node view (NewLocal): the job feeds by selector and the
+	// selector of each of the node's job pods (by namespace/name), under mu.
+	client   kubernetes.Interface
+	strip    func(any) (any, error)
+	feeds    map[jobSel]*jobFeed
+	localSel map[string]jobSel
+	stopped  bool // Run's context is done: no new feed
 }
 
 // WithOwners makes Run resolve top owners (TrainJob over JobSet, RayJob
@@ -54,29 +62,10 @@ func NewLive(client kubernetes.Interface, index *topology.Index, rules []topolog
 	l := &Live{index: index, rules: rules, logger: logger, resync: resync, denied: NewDenials("kubernetes", logger)}
 	var factories []informers.SharedInformerFactory
 
-	nf := informers.NewSharedInformerFactoryWithOptions(client, resync)
-	ni := nf.Core().V1().Nodes().Informer()
-	if err := ni.SetTransform(StripNode); err != nil {
-		return nil, nil, fmt.Errorf("node informer transform: %w", err)
-	}
-	if err := l.denied.Watch(ni, schema.GroupResource{Resource: "nodes"}); err != nil {
-		return nil, nil, fmt.Errorf("node informer error handler: %w", err)
-	}
-	nodes, err := ni.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(o any) { l.node(o) },
-		UpdateFunc: func(_, o any) { l.node(o) },
-		DeleteFunc: func(o any) {
-			if n, ok := tombstone(o).(*CachedNode); ok {
-				index.DeleteNode(n.Name)
-			}
-		},
-	})
+	nf, err := l.nodeInformer(client)
 	if err != nil {
-		return nil, nil, fmt.Errorf("node informer handler: %w", err)
+		return nil, nil, err
 	}
-	// The handler's sync, not the informer's: the index holds every node
-	// and pod of the first list only once the handlers have run.
-	l.synced = append(l.synced, nodes.HasSynced)
 	factories = append(factories, nf)
 
 	strip := PodStripper(rules)
@@ -115,6 +104,34 @@ func NewLive(client kubernetes.Interface, index *topology.Index, rules []topolog
 	return l, factories, nil
 }
 
+// nodeInformer prepares the node informer: stripped nodes into the index.
+func (l *Live) nodeInformer(client kubernetes.Interface) (informers.SharedInformerFactory, error) {
+	nf := informers.NewSharedInformerFactoryWithOptions(client, l.resync)
+	ni := nf.Core().V1().Nodes().Informer()
+	if err := ni.SetTransform(StripNode); err != nil {
+		return nil, fmt.Errorf("node informer transform: %w", err)
+	}
+	if err := l.denied.Watch(ni, schema.GroupResource{Resource: "nodes"}); err != nil {
+		return nil, fmt.Errorf("node informer error handler: %w", err)
+	}
+	nodes, err := ni.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(o any) { l.node(o) },
+		UpdateFunc: func(_, o any) { l.node(o) },
+		DeleteFunc: func(o any) {
+			if n, ok := tombstone(o).(*CachedNode); ok {
+				l.index.DeleteNode(n.Name)
+			}
+		},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("node informer handler: %w", err)
+	}
+	// The handler's sync, not the informer's: the index holds every node
+	// and pod of the first list only once the handlers have run.
+	l.synced = append(l.synced, nodes.HasSynced)
+	return nf, nil
+}
+
 // Run starts the informers and waits for their first sync (or ctx). The
 // owner informers sync first, so that pods are named after their top
 // owner from the start.
@@ -130,11 +147,25 @@ func (l *Live) Run(ctx context.Context, factories []informers.SharedInformerFact
 		l.synced = append(l.synced, synced...)
 		l.logger.Info("owner informers synced", "kinds", len(owners.stores))
 	}
+	go func() {
+		<-ctx.Done()
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		l.stopped = true
+		for sel, f := range l.feeds {
+			f.stopped = true
+			close(f.stop)
+			delete(l.feeds, sel)
+		}
+	}()
 	for _, f := range factories {
 		f.Start(ctx.Done())
 	}
 	if !cache.WaitForCacheSync(ctx.Done(), l.synced...) {
 		return fmt.Errorf("waiting for node and pod informers to sync: %w", ctx.Err())
+	}
+	if err := l.waitFeeds(ctx); err != nil {
+		return err
 	}
 	l.isSynced.Store(true)
 	n, p, j := l.index.Counts()
@@ -196,6 +227,14 @@ func (l *Live) ownerChanged(key string) {
 			for _, o := range objs {
 				if p, ok := o.(*CachedPod); ok {
 					l.upsert(source, p)
+				}
+			}
+		}
+		for _, inf := range l.feedInformersLocked() {
+			objs, _ := inf.GetIndexer().ByIndex(controllerIndex, k)
+			for _, o := range objs {
+				if p, ok := o.(*CachedPod); ok {
+					l.upsert(sourceJobPods, p)
 				}
 			}
 		}

@@ -1,0 +1,293 @@
+package kube
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/zonewatch/zonewatch/topology"
+)
+
+// Feed sources of the per-node view: the node's own pods, and the pods of
+// its jobs (one feed per job; a pod is in one job's feed only: it is
+// selected by the label of the rule that identifies it).
+const (
+	sourceNodePods = 0
+	sourceJobPods  = 1
+)
+
+// jobSel selects one job's pods: the label of the rule that identifies
+// them and its value, in the job's namespace.
+type jobSel struct{ namespace, label, value string }
+
+func (s jobSel) String() string { return s.namespace + "/" + s.label + "=" + s.value }
+
+// jobFeed is the informer of one job's pods. It runs while the node has a
+// pod of the job and, after the last one left, until the job has no pod
+// left anywhere: what the index says of the job (its existence, with the
+// counters of its flows here) stays what the cluster-wide view says.
+type jobFeed struct {
+	inf     cache.SharedIndexInformer
+	synced  cache.InformerSynced
+	stop    chan struct{}
+	local   int // pods of the job on this node
+	stopped bool
+}
+
+// NewLocal prepares the informers of the per-node view (DaemonSet mode):
+// the node's own pods (field selector spec.nodeName, which the apiserver
+// serves from its watch cache's index) and all pods of the jobs that have
+// a pod there (one label-selected informer per job, started and stopped
+// as the node's jobs come and go), besides the node informer. It keeps no
+// cluster-wide pod list: the index places every other address through
+// the node's Cilium state (topology.Index.SetRemote).
+func NewLocal(client kubernetes.Interface, index *topology.Index, rules []topology.Rule, node string, resync time.Duration, logger *slog.Logger) (*Live, []informers.SharedInformerFactory, error) {
+	if node == "" {
+		return nil, nil, fmt.Errorf("the per-node view needs the node's name")
+	}
+	l := &Live{index: index, rules: rules, logger: logger, resync: resync, denied: NewDenials("kubernetes", logger),
+		client: client, feeds: map[jobSel]*jobFeed{}, localSel: map[string]jobSel{}, strip: PodStripper(rules)}
+	nf, err := l.nodeInformer(client)
+	if err != nil {
+		return nil, nil, err
+	}
+	pf := informers.NewSharedInformerFactoryWithOptions(client, resync,
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", node).String()
+		}))
+	pi := pf.Core().V1().Pods().Informer()
+	if err := l.podInformer(pi); err != nil {
+		return nil, nil, err
+	}
+	reg, err := pi.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(o any) { l.localPod(o) },
+		UpdateFunc: func(_, o any) { l.localPod(o) },
+		DeleteFunc: func(o any) { l.localPodGone(o) },
+	})
+	if err != nil {
+		return nil, nil, fmt.Errorf("pod informer handler: %w", err)
+	}
+	l.pods = append(l.pods, pi)
+	l.synced = append(l.synced, reg.HasSynced)
+	return l, []informers.SharedInformerFactory{nf, pf}, nil
+}
+
+// podInformer gives a pod informer the transform, the denial handler and
+// the controller index every pod informer has.
+func (l *Live) podInformer(pi cache.SharedIndexInformer) error {
+	if err := pi.SetTransform(l.strip); err != nil {
+		return fmt.Errorf("pod informer transform: %w", err)
+	}
+	if err := l.denied.Watch(pi, schema.GroupResource{Resource: "pods"}); err != nil {
+		return fmt.Errorf("pod informer error handler: %w", err)
+	}
+	if err := pi.AddIndexers(cache.Indexers{controllerIndex: podByController}); err != nil {
+		return fmt.Errorf("pod informer index: %w", err)
+	}
+	return nil
+}
+
+// selOf is the selector of the job a kept pod belongs to; false for a pod
+// of no job.
+func (l *Live) selOf(p *CachedPod) (jobSel, bool) {
+	if p.Pod(l.rules, nil).Identity.Name == "" {
+		return jobSel{}, false
+	}
+	for _, r := range l.rules {
+		for i := 0; i+1 < len(p.labels); i += 2 {
+			if p.labels[i] == r.NameLabel && p.labels[i+1] != "" {
+				return jobSel{p.Namespace, r.NameLabel, p.labels[i+1]}, true
+			}
+		}
+	}
+	return jobSel{}, false
+}
+
+func (l *Live) localPod(o any) {
+	p, ok := o.(*CachedPod)
+	if !ok {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	key := p.Namespace + "/" + p.Name
+	sel, isJob := l.selOf(p)
+	prev, had := l.localSel[key]
+	if !isJob && !had {
+		return // a pod of no job, as before: nothing for the index
+	}
+	l.upsert(sourceNodePods, p)
+	if had {
+		if isJob && prev == sel {
+			return
+		}
+		l.releaseLocked(prev)
+		delete(l.localSel, key)
+	}
+	if isJob {
+		l.localSel[key] = sel
+		l.acquireLocked(sel)
+	}
+}
+
+func (l *Live) localPodGone(o any) {
+	p, ok := tombstone(o).(*CachedPod)
+	if !ok {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.index.DeletePod(sourceNodePods, p.Namespace, p.Name)
+	key := p.Namespace + "/" + p.Name
+	if sel, had := l.localSel[key]; had {
+		delete(l.localSel, key)
+		l.releaseLocked(sel)
+	}
+}
+
+// acquireLocked counts a local pod of the job, starting its feed.
+func (l *Live) acquireLocked(sel jobSel) {
+	if f := l.feeds[sel]; f != nil {
+		f.local++
+		return
+	}
+	if l.stopped {
+		return // Run's context is done
+	}
+	f, err := l.startFeedLocked(sel)
+	if err != nil {
+		l.logger.Error("starting a job's pod informer", "job", sel.String(), "err", err)
+		return
+	}
+	f.local = 1
+	l.feeds[sel] = f
+}
+
+func (l *Live) releaseLocked(sel jobSel) {
+	f := l.feeds[sel]
+	if f == nil {
+		return
+	}
+	f.local--
+	l.stopIdleLocked(sel, f)
+}
+
+// stopIdleLocked stops a job's feed once the node has no pod of the job
+// and the job has no pod left; its pods leave the index.
+func (l *Live) stopIdleLocked(sel jobSel, f *jobFeed) {
+	if f.local > 0 || !f.synced() || len(f.inf.GetStore().ListKeys()) > 0 {
+		return
+	}
+	f.stopped = true
+	close(f.stop)
+	delete(l.feeds, sel)
+}
+
+func (l *Live) startFeedLocked(sel jobSel) (*jobFeed, error) {
+	selector := labels.SelectorFromSet(labels.Set{sel.label: sel.value}).String()
+	pods := l.client.CoreV1().Pods(sel.namespace)
+	lw := &cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			o.LabelSelector = selector
+			return pods.List(ctx, o)
+		},
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			o.LabelSelector = selector
+			return pods.Watch(ctx, o)
+		},
+	}
+	inf := cache.NewSharedIndexInformer(lw, &corev1.Pod{}, l.resync, cache.Indexers{})
+	if err := l.podInformer(inf); err != nil {
+		return nil, err
+	}
+	f := &jobFeed{inf: inf, stop: make(chan struct{})}
+	reg, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(o any) { l.feedPod(sel, f, o) },
+		UpdateFunc: func(_, o any) { l.feedPod(sel, f, o) },
+		DeleteFunc: func(o any) { l.feedPodGone(sel, f, o) },
+	})
+	if err != nil {
+		return nil, fmt.Errorf("job pod informer handler: %w", err)
+	}
+	f.synced = reg.HasSynced
+	go inf.Run(f.stop)
+	return f, nil
+}
+
+func (l *Live) feedPod(sel jobSel, f *jobFeed, o any) {
+	p, ok := o.(*CachedPod)
+	if !ok {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if f.stopped {
+		return
+	}
+	l.upsert(sourceJobPods, p)
+}
+
+func (l *Live) feedPodGone(sel jobSel, f *jobFeed, o any) {
+	p, ok := tombstone(o).(*CachedPod)
+	if !ok {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if f.stopped {
+		return
+	}
+	l.index.DeletePod(sourceJobPods, p.Namespace, p.Name)
+	l.stopIdleLocked(sel, f)
+}
+
+// waitFeeds waits until every job feed started so far has synced (the
+// node's pods have: their handlers started the feeds).
+func (l *Live) waitFeeds(ctx context.Context) error {
+	for {
+		l.mu.Lock()
+		var pending []cache.InformerSynced
+		for _, f := range l.feeds {
+			if !f.synced() {
+				pending = append(pending, f.synced)
+			}
+		}
+		l.mu.Unlock()
+		if len(pending) == 0 {
+			return nil
+		}
+		if !cache.WaitForCacheSync(ctx.Done(), pending...) {
+			return fmt.Errorf("waiting for the node's job pod informers to sync: %w", ctx.Err())
+		}
+	}
+}
+
+// feedInformers lists the job feeds' informers (owner changes read their
+// pods). Under l.mu.
+func (l *Live) feedInformersLocked() []cache.SharedIndexInformer {
+	out := make([]cache.SharedIndexInformer, 0, len(l.feeds))
+	for _, f := range l.feeds {
+		out = append(out, f.inf)
+	}
+	return out
+}
+
+// Feeds reports how many job pod informers the per-node view runs.
+func (l *Live) Feeds() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.feeds)
+}
