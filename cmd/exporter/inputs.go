@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"time"
 
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
@@ -11,6 +12,7 @@ import (
 	"github.com/zonewatch/zonewatch/collector/fence"
 	"github.com/zonewatch/zonewatch/collector/gpu"
 	"github.com/zonewatch/zonewatch/collector/hubble"
+	"github.com/zonewatch/zonewatch/collector/ipcache"
 	"github.com/zonewatch/zonewatch/collector/probe"
 )
 
@@ -33,6 +35,10 @@ type inputs struct {
 	gpu    gpuInput
 	// conntrack opens Cilium's global CT maps.
 	conntrack conntrack.Source
+	// ipcache opens the node's Cilium ipcache; nil: a DaemonSet exporter
+	// watches every job pod (--kube.pod-view=cluster).
+	ipcache         ipcache.Source
+	ipcacheInterval time.Duration
 	// probe says whom the prober measures; zero: this node's exporter
 	// probing the exporter pods the API lists.
 	probe probeInput

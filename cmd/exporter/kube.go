@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/metadata"
 	"k8s.io/client-go/rest"
@@ -20,10 +21,29 @@ import (
 
 // startKube starts the Kubernetes feed: the node, job-pod and owner
 // informers that fill the index (zonewatch_source_up{source="kubernetes"},
-// w.synced), and returns the placement series drawn from that index.
+// w.synced), and returns the placement series drawn from that index. A
+// DaemonSet exporter with the node's ipcache (--kube.pod-view=node) keeps
+// the per-node view: its node's pods and its jobs' pods; Relay mode, and
+// --kube.pod-view=cluster, every job pod.
 func startKube(ctx context.Context, w *wiring, in *inputs, rules []topology.Rule, resync time.Duration) (*collector.Placement, error) {
 	logger := w.logger.With("component", "kubernetes")
-	live, factories, err := kube.NewLive(in.kube, w.index, rules, resync, logger)
+	var live *kube.Live
+	var factories []informers.SharedInformerFactory
+	var err error
+	if w.nodeName != "" && in.ipcache != nil {
+		ipc, err := startIPCache(ctx, w, in)
+		if err != nil {
+			return nil, err
+		}
+		w.index.SetRemote(w.nodeName, ipc, nil, rules)
+		live, factories, err = kube.NewLocal(in.kube, w.index, rules, w.nodeName, resync, logger)
+		if err != nil {
+			return nil, fmt.Errorf("setting up informers: %w", err)
+		}
+		logger.Info("per-node view: watching this node's pods and its jobs' pods", "node", w.nodeName)
+	} else {
+		live, factories, err = kube.NewLive(in.kube, w.index, rules, resync, logger)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("setting up informers: %w", err)
 	}

@@ -71,6 +71,9 @@ func simulate(ctx context.Context, o *options, logger *slog.Logger) (in *inputs,
 	}
 
 	in.conntrack = s.ConntrackSource(node, conntrack.LayoutCombined, time.Now())
+	if in.ipcache != nil {
+		in.ipcache = s.IPCacheSource(node)
+	}
 
 	// Peer exporters on the other nodes, cross-zone ones a little farther.
 	from, peers, err := s.ProbePeers(ctx, node)

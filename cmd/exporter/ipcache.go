@@ -1,0 +1,62 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"time"
+
+	"github.com/alecthomas/kingpin/v2"
+
+	"github.com/zonewatch/zonewatch/collector/ipcache"
+	"github.com/zonewatch/zonewatch/topology"
+)
+
+func init() { register("ipcache", &ipcachePart{}) }
+
+// ipcachePart chooses the DaemonSet's pod view: with "node", the exporter
+// watches its node's pods and its jobs' pods only and places every other
+// address through the node's Cilium ipcache (docs/topology.md). The
+// Kubernetes feed starts the reader (startIPCache): the index must place
+// through it before the informers fill it, so start has nothing left to do.
+type ipcachePart struct {
+	view     *string
+	bpffs    *string
+	interval *time.Duration
+}
+
+func (p *ipcachePart) flags(cmd *kingpin.CmdClause) {
+	p.view = flagOf(cmd, "kube.pod-view", "Which job pods a DaemonSet exporter (--node-name set) watches: node (its node's pods and all pods of the jobs running there; other addresses are placed through the node's Cilium ipcache) or cluster (every job pod of the cluster, as Relay mode does).").Default("node").Enum("node", "cluster")
+	p.bpffs = flagOf(cmd, "ipcache.bpffs-path", "Folder of the BPF filesystem where Cilium pins its ipcache map (cilium_ipcache_v2, cilium_ipcache before 1.18).").Default("/sys/fs/bpf/tc/globals").String()
+	p.interval = flagOf(cmd, "ipcache.refresh-interval", "How often to read the ipcache map (--kube.pod-view=node).").Default("10s").Duration()
+}
+
+func (p *ipcachePart) input(in *inputs) {
+	if *p.view == "node" {
+		in.ipcache = ipcache.BPFSource{Dir: *p.bpffs}
+	}
+	in.ipcacheInterval = *p.interval
+}
+
+func (p *ipcachePart) start(context.Context, *wiring, *inputs) error { return nil }
+
+// startIPCache starts the reader of the node's ipcache
+// (zonewatch_source_up{source="ipcache"}) and returns it as the index's
+// IPCache.
+func startIPCache(ctx context.Context, w *wiring, in *inputs) (topology.IPCache, error) {
+	r, err := ipcache.New(in.ipcache, ipcache.Config{Logger: w.logger.With("component", "ipcache"), Self: w.self})
+	if err != nil {
+		return nil, fmt.Errorf("ipcache reader: %w", err)
+	}
+	w.exporter.AddSource("ipcache", r)
+	go r.Run(ctx, in.ipcacheInterval)
+	return ipcacheView{r}, nil
+}
+
+// ipcacheView gives the index the reader's entries.
+type ipcacheView struct{ r *ipcache.Reader }
+
+func (v ipcacheView) Lookup(a netip.Addr) (topology.RemoteEntry, bool) {
+	e, ok := v.r.Lookup(a)
+	return topology.RemoteEntry{NodeIP: e.NodeIP, Identity: e.Identity, Flags: e.Flags, Bits: e.Bits}, ok
+}
