@@ -98,6 +98,9 @@ type Lab struct {
 	// StartTime is how long Start took, from nothing to every agent ready
 	// and knowing every node.
 	StartTime time.Duration
+	// Version is the Cilium version of the agents ("1.18.11"), from the
+	// Cilium folder's build stamp; empty when it has none.
+	Version string
 
 	mu       sync.Mutex
 	undo     []undoStep
@@ -153,7 +156,7 @@ func Start(ctx context.Context, cfg Config) (l *Lab, err error) {
 	if len(id) > 4 {
 		return nil, fmt.Errorf("lab id %q: at most 4 characters (interface names)", id)
 	}
-	l = &Lab{cfg: cfg, ID: id, pods: map[string]*Pod{}}
+	l = &Lab{cfg: cfg, ID: id, pods: map[string]*Pod{}, Version: agentVersion(cfg.Cilium)}
 	l.Bridge = "zwl" + l.ID
 	l.HostIP = bridgeNet.Addr()
 	defer func() {
