@@ -12,10 +12,12 @@ import (
 	"os"
 	"slices"
 	"sort"
+	"strings"
 	"time"
 
 	flowpb "github.com/cilium/cilium/api/v1/flow"
 
+	"github.com/zonewatch/zonewatch/collector/fence"
 	"github.com/zonewatch/zonewatch/collector/gpu"
 	"github.com/zonewatch/zonewatch/collector/hubble"
 	"github.com/zonewatch/zonewatch/topology"
@@ -35,7 +37,11 @@ type Input struct {
 	Pods  string   // kubectl get pods -o json (or -o yaml)
 	Flows []string // hubble observe -o jsonpb / -o json, e.g. one per node
 	GPU   string   // a dcgm-exporter /metrics page; empty for none
-	Rules []topology.Rule
+	// Policies is `kubectl get cnp,ccnp -A -o json` (or -o yaml): the
+	// fences a default-deny drop is named from (policy_source
+	// "selected"); empty for none.
+	Policies string
+	Rules    []topology.Rule
 	// PodGroups: advise native gang + topology PodGroups (on), never
 	// (off), or when the pods dump shows the cluster serves them (auto,
 	// the default: a scheduling.k8s.io/v1beta1 PodGroup with a topology
@@ -70,10 +76,14 @@ type Job struct {
 	CoordinatorZones []string             `json:"coordinator_zones"`
 	PolicyDrops      ByLocality           `json:"policy_drops"`
 	DenyingPolicies  []string             `json:"denying_policies"`
-	FlowEvents       ByLocality           `json:"flow_events"`
-	GPUUtilization   *float64             `json:"gpu_utilization"`
-	Verdict          string               `json:"verdict"`
-	SuggestedFix     string               `json:"suggested_fix"`
+	// SelectedPolicies are those of DenyingPolicies that Cilium did not
+	// name: default-deny drops, named by the policies that select the
+	// denying pods and allow none of the peer (--policies).
+	SelectedPolicies []string   `json:"selected_policies"`
+	FlowEvents       ByLocality `json:"flow_events"`
+	GPUUtilization   *float64   `json:"gpu_utilization"`
+	Verdict          string     `json:"verdict"`
+	SuggestedFix     string     `json:"suggested_fix"`
 
 	// What the text output says besides the JSON fields.
 	ownCrossDrops, ownCrossForwarded int
@@ -151,9 +161,16 @@ func Run(in Input) (*Report, error) {
 	// counters, accepting every node's flows (its Relay mode), so a
 	// connection captured on both of its nodes counts once.
 	agg := hubble.NewAggregator(index, "", time.Hour, nil)
+	fences, err := loadPolicies(in.Policies, warn)
+	if err != nil {
+		return nil, err
+	}
+	if fences != nil {
+		agg.SetFences(fences)
+	}
 	own := map[jobKey]*ownTraffic{}
 	for _, path := range in.Flows {
-		if err := readFlows(path, agg, own, rep, warn); err != nil {
+		if err := readFlows(path, agg, fences, own, rep, warn); err != nil {
 			return nil, err
 		}
 	}
@@ -172,6 +189,7 @@ func Run(in Input) (*Report, error) {
 	})
 	drops := map[jobKey]*ByLocality{}
 	policies := map[jobKey][]string{}
+	selected := map[jobKey][]string{}
 	agg.Drops().Each(func(k hubble.DropKey, v float64) {
 		jk := jobKey{k.Namespace, k.Job}
 		if drops[jk] == nil {
@@ -183,8 +201,17 @@ func Run(in Input) (*Report, error) {
 			if k.PolicyNamespace != "" {
 				p = k.PolicyNamespace + "/" + p
 			}
-			if !slices.Contains(policies[jk], p) {
-				policies[jk] = append(policies[jk], p)
+			names := []string{p}
+			if k.PolicySource == hubble.PolicySourceSelected {
+				names = strings.Split(p, ",") // several that each deny
+			}
+			for _, p := range names {
+				if !slices.Contains(policies[jk], p) {
+					policies[jk] = append(policies[jk], p)
+				}
+				if k.PolicySource == hubble.PolicySourceSelected && !slices.Contains(selected[jk], p) {
+					selected[jk] = append(selected[jk], p)
+				}
 			}
 		}
 	})
@@ -194,7 +221,7 @@ func Run(in Input) (*Report, error) {
 		j := Job{
 			Namespace: jp.Job.Namespace, JobName: jp.Job.Name, JobKind: jp.Job.Kind,
 			Zones: map[string]RoleCount{}, SplitZone: jp.Split(),
-			CoordinatorZones: []string{}, DenyingPolicies: []string{},
+			CoordinatorZones: []string{}, DenyingPolicies: []string{}, SelectedPolicies: []string{},
 		}
 		for _, p := range jp.Pods {
 			c := j.Zones[p.Zone]
@@ -222,6 +249,10 @@ func Run(in Input) (*Report, error) {
 		if p := policies[jk]; p != nil {
 			sort.Strings(p)
 			j.DenyingPolicies = p
+		}
+		if p := selected[jk]; p != nil {
+			sort.Strings(p)
+			j.SelectedPolicies = p
 		}
 		if o := own[jk]; o != nil {
 			j.ownCrossDrops, j.ownCrossForwarded = o.drops, o.forwarded
@@ -252,13 +283,20 @@ func Run(in Input) (*Report, error) {
 // readFlows feeds one flow file through the aggregator. Bad lines are
 // counted and reported, as the exporter skips malformed flows; a file with
 // no flow at all is not hubble output and fails.
-func readFlows(path string, agg *hubble.Aggregator, own map[jobKey]*ownTraffic, rep *Report, warn io.Writer) error {
+func readFlows(path string, agg *hubble.Aggregator, fences *fence.Set, own map[jobKey]*ownTraffic, rep *Report, warn io.Writer) error {
 	f, err := os.Open(path)
 	if err != nil {
 		return fmt.Errorf("reading flows: %w", err)
 	}
 	defer f.Close()
 	st, err := hubble.ReadFlows(f, func(fl *flowpb.Flow) {
+		if fences != nil {
+			// Whole flows carry their identities' labels: the fence of a
+			// default deny is evaluated on them.
+			for _, ep := range []*flowpb.Endpoint{fl.GetSource(), fl.GetDestination()} {
+				fences.LearnIdentity(ep.GetIdentity(), ep.GetLabels())
+			}
+		}
 		r := agg.Observe(fl)
 		if r.Count == hubble.NotCounted {
 			return

@@ -94,7 +94,7 @@ func TestJSONShape(t *testing.T) {
 		t.Fatal(err)
 	}
 	fields := []string{"namespace", "job_name", "job_kind", "zones", "split_zone", "coordinator_zones", "policy_drops",
-		"denying_policies", "flow_events", "gpu_utilization", "verdict", "suggested_fix"}
+		"denying_policies", "selected_policies", "flow_events", "gpu_utilization", "verdict", "suggested_fix"}
 	for _, j := range doc.Jobs {
 		if len(j) != len(fields) {
 			t.Errorf("job has %d fields, want %d: %v", len(j), len(fields), j)

@@ -77,9 +77,12 @@ func (j *Job) writeText(b *strings.Builder, r *Report) {
 	}
 	switch j.Verdict {
 	case VerdictBlocked:
-		by := "by a policy the capture does not name (default deny, or Cilium older than 1.16)"
+		by := "by a policy the capture does not name (default deny, or Cilium older than 1.16; --policies names the fence of a default deny)"
 		if len(j.DenyingPolicies) > 0 {
 			by = "by " + strings.Join(j.DenyingPolicies, ", ")
+		}
+		if len(j.SelectedPolicies) > 0 {
+			by += " (" + strings.Join(j.SelectedPolicies, ", ") + ": default deny, which Cilium names no policy of; named by zonewatch: selects the denying pods and allows none of the peer)"
 		}
 		fmt.Fprintf(b, "  %s between its own pods in different zones dropped %s: rendezvous cannot complete and the GPUs wait.\n",
 			plural(j.ownCrossDrops, "packet"), by)

@@ -35,13 +35,13 @@ const (
 	// graphics-engine, SM or tensor activity (MIG has no GPU_UTIL).
 	RecGPUBusy              = "namespace_job_name:zonewatch_gpu_busy_ratio:avg"
 	RecPolicyDrops          = "namespace_job_name_locality:zonewatch_job_policy_drops:rate5m"
-	RecCrossZonePolicyDrops = "namespace_job_name_peer_src_zone_dst_zone_policy:zonewatch_job_cross_zone_policy_drops:rate5m"
+	RecCrossZonePolicyDrops = "namespace_job_name_peer_src_zone_dst_zone_policy_policy_source:zonewatch_job_cross_zone_policy_drops:rate5m"
 	// RecOwnCrossZonePolicyDrops: drops between the job's own pods across
 	// zones (peer="job"), the evidence of the page and the blocked alert.
 	RecOwnCrossZonePolicyDrops = "namespace_job_name:zonewatch_job_own_cross_zone_policy_drops:rate5m"
 	// RecPeerPolicyDrops: cross-zone drops toward peers outside the job, by
 	// the peer's workload.
-	RecPeerPolicyDrops     = "namespace_job_name_peer_peer_namespace_peer_workload_policy:zonewatch_job_peer_cross_zone_policy_drops:rate5m"
+	RecPeerPolicyDrops     = "namespace_job_name_peer_peer_namespace_peer_workload_policy_policy_source:zonewatch_job_peer_cross_zone_policy_drops:rate5m"
 	RecCrossZoneFlowEvents = "namespace_job_name:zonewatch_job_cross_zone_flow_events:rate5m"
 	// RecOwnCrossZoneFlowEvents: flow events between the job's own pods
 	// across zones, the slowdown's evidence that collectives cross zones.
@@ -142,10 +142,10 @@ func perJobWith(metric, extra string) string {
 var (
 	jobName        = `{{ $labels.namespace }}/{{ $labels.job_name }}`
 	jobZones       = `{{ range $i, $s := query ` + perJob(RecJobPods) + ` | sortByLabel "zone" | sortByLabel "role" }}{{ if $i }}; {{ end }}{{ $s.Labels.role }} pods in {{ $s.Labels.zone }}: {{ $s.Value }}{{ end }}`
-	jobDrops       = `{{ range $i, $s := query ` + perJobWith(RecCrossZonePolicyDrops, `,peer="job"`) + ` | sortByLabel "policy" | sortByLabel "dst_zone" | sortByLabel "src_zone" }}{{ if $i }}; {{ end }}{{ $s.Labels.src_zone }} -> {{ $s.Labels.dst_zone }} denied by {{ with $s.Labels.policy }}policy {{ . }}{{ else }}an unnamed policy{{ end }}, {{ $s.Value | printf "%.2f" }} drops/s{{ end }}`
+	jobDrops       = `{{ range $i, $s := query ` + perJobWith(RecCrossZonePolicyDrops, `,peer="job"`) + ` | sortByLabel "policy" | sortByLabel "dst_zone" | sortByLabel "src_zone" }}{{ if $i }}; {{ end }}{{ $s.Labels.src_zone }} -> {{ $s.Labels.dst_zone }} denied by {{ with $s.Labels.policy }}policy {{ . }}{{ if eq $s.Labels.policy_source "selected" }} (default deny: it selects the denying pods and allows none of the peer; named by zonewatch, Cilium names none){{ end }}{{ else }}an unnamed policy{{ end }}, {{ $s.Value | printf "%.2f" }} drops/s{{ end }}`
 	jobBytes       = `{{ with query ` + perJob(RecCrossZoneBytes) + ` }}{{ . | first | value | humanize }}B/s{{ else }}{{ with query ` + perJob(RecCrossZoneFlowEvents) + ` }}{{ . | first | value | printf "%.2f" }} flow events/s, bytes not measured{{ end }}{{ end }}`
 	jobIdleGPUCost = `{{ with query ` + perJob(RecSplitIdleGPUCost) + ` }}; its idle GPUs cost ${{ . | first | value | printf "%.2f" }} an hour{{ end }}`
-	jobPeerDrops   = `{{ range $i, $s := query ` + perJob(RecPeerPolicyDrops) + ` | sortByLabel "policy" | sortByLabel "peer_workload" | sortByLabel "peer_namespace" | sortByLabel "peer" }}{{ if $i }}; {{ end }}{{ with $s.Labels.peer_workload }}{{ $s.Labels.peer_namespace }}/{{ . }}{{ else }}unnamed {{ $s.Labels.peer }} peers{{ end }} denied by {{ with $s.Labels.policy }}policy {{ . }}{{ else }}an unnamed policy{{ end }}, {{ $s.Value | printf "%.2f" }} drops/s{{ end }}`
+	jobPeerDrops   = `{{ range $i, $s := query ` + perJob(RecPeerPolicyDrops) + ` | sortByLabel "policy" | sortByLabel "peer_workload" | sortByLabel "peer_namespace" | sortByLabel "peer" }}{{ if $i }}; {{ end }}{{ with $s.Labels.peer_workload }}{{ $s.Labels.peer_namespace }}/{{ . }}{{ else }}unnamed {{ $s.Labels.peer }} peers{{ end }} denied by {{ with $s.Labels.policy }}policy {{ . }}{{ if eq $s.Labels.policy_source "selected" }} (default deny: it selects the denying pods and allows none of the peer; named by zonewatch, Cilium names none){{ end }}{{ else }}an unnamed policy{{ end }}, {{ $s.Value | printf "%.2f" }} drops/s{{ end }}`
 	// The zone pairs the job's own flows cross with their probe RTT, and
 	// the in-zone baseline; empty where the exporters do not probe.
 	jobRTT         = `{{ with query ` + perJob(RecJobZonePairRTT) + ` }} It crosses {{ range $i, $s := . | sortByLabel "dst_zone" | sortByLabel "src_zone" }}{{ if $i }}, {{ end }}{{ $s.Labels.src_zone }} -> {{ $s.Labels.dst_zone }} at {{ $s.Value | humanizeDuration }} p50{{ end }}{{ with query ` + perJob(RecJobInZoneRTT) + ` }} vs {{ . | first | value | humanizeDuration }} inside a zone{{ end }}.{{ end }}`
@@ -276,11 +276,11 @@ or ` + RecGPUGraphicsEngine + `
 or ` + RecGPUSMActive + `
 or ` + RecGPUTensorActive)},
 		{Record: RecPolicyDrops, Expr: block(`sum by (namespace, job_name, locality` + tClusterBy + `) (rate(zonewatch_job_policy_drops_total` + sel() + `[5m]))`)},
-		{Record: RecCrossZonePolicyDrops, Expr: block(`sum by (namespace, job_name, peer, src_zone, dst_zone, policy` + tClusterBy + `) (
+		{Record: RecCrossZonePolicyDrops, Expr: block(`sum by (namespace, job_name, peer, src_zone, dst_zone, policy, policy_source` + tClusterBy + `) (
   rate(zonewatch_job_policy_drops_total` + sel(crossZone) + `[5m])
 )`)},
 		{Record: RecOwnCrossZonePolicyDrops, Expr: block(`sum by (` + byJob + `) (` + RecCrossZonePolicyDrops + `{peer="job"})`)},
-		{Record: RecPeerPolicyDrops, Expr: block(`sum by (namespace, job_name, peer, peer_namespace, peer_workload, policy` + tClusterBy + `) (
+		{Record: RecPeerPolicyDrops, Expr: block(`sum by (namespace, job_name, peer, peer_namespace, peer_workload, policy, policy_source` + tClusterBy + `) (
   rate(zonewatch_job_peer_policy_drops_total` + sel(crossZone) + `[5m])
 )`)},
 		{Record: RecCrossZoneFlowEvents, Expr: block(`sum by (` + byJob + `) (rate(zonewatch_job_flow_events_total` + sel(crossZone) + `[5m]))`)},

@@ -308,7 +308,7 @@ func TestConventions(t *testing.T) {
 		"namespace_job_name:zonewatch_gpu_sm_active_ratio:avg",
 		"namespace_job_name_signal:zonewatch_gpu_activity_ratio:avg",
 		"namespace_job_name_locality:zonewatch_job_policy_drops:rate5m",
-		"namespace_job_name_peer_peer_namespace_peer_workload_policy:zonewatch_job_peer_cross_zone_policy_drops:rate5m",
+		"namespace_job_name_peer_peer_namespace_peer_workload_policy_policy_source:zonewatch_job_peer_cross_zone_policy_drops:rate5m",
 		"namespace_job_name:zonewatch_job_cross_zone_flow_events:rate5m",
 		"namespace_job_name:zonewatch_job_cross_zone_bytes:rate5m",
 		"namespace_job_name:zonewatch_cross_zone_cost_dollars_per_hour:rate5m",

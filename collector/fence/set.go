@@ -164,3 +164,21 @@ func Join(refs []Ref) string {
 	}
 	return b.String()
 }
+
+// LearnIdentity records an identity's labels as a flow gives them
+// ("k8s:app=x", "reserved:world"), once: an identity's labels do not
+// change. Reserved identities and empty lists are ignored.
+func (s *Set) LearnIdentity(id uint32, labels []string) {
+	if id == 0 || len(labels) == 0 {
+		return
+	}
+	if _, ok := reservedLabels[id]; ok {
+		return
+	}
+	s.mu.RLock()
+	_, known := s.ids[id]
+	s.mu.RUnlock()
+	if !known {
+		s.PutIdentity(id, ParseLabelStrings(labels))
+	}
+}
