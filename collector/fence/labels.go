@@ -152,7 +152,7 @@ var reservedLabels = map[uint32]Labels{
 	IdentityHealth:        {{SourceReserved, "health", ""}},
 	IdentityInit:          {{SourceReserved, "init", ""}},
 	IdentityRemoteNode:    {{SourceReserved, "remote-node", ""}},
-	IdentityKubeAPIServer: {{SourceReserved, "kube-apiserver", ""}},
+	IdentityKubeAPIServer: {{SourceReserved, "kube-apiserver", ""}, {SourceReserved, "remote-node", ""}},
 	IdentityIngress:       {{SourceReserved, "ingress", ""}},
 	IdentityWorldIPv4:     {{SourceReserved, "world-ipv4", ""}},
 	IdentityWorldIPv6:     {{SourceReserved, "world-ipv6", ""}},

@@ -20,15 +20,15 @@ type Expression struct {
 }
 
 // selector is a parsed endpoint selector: every requirement must hold.
-// Keys keep the form Cilium gives them (a source prefix only where the
-// policy wrote one), because Cilium's namespace and cluster defaults test
+// Keys keep the form Cilium gives them ("source:key", "any:" where the
+// policy wrote none), because Cilium's namespace and cluster defaults test
 // keys by their exact strings.
 type selector struct {
 	reqs []requirement
 }
 
 type requirement struct {
-	raw    string // the key as written ("app", "k8s:app")
+	raw    string // the key with its source ("any:app", "k8s:app")
 	source string // SourceAny when written without one
 	key    string
 	op     string // In, NotIn, Exists, DoesNotExist; opCluster: the local cluster
@@ -66,12 +66,15 @@ func newSelector(ls *LabelSelector) (selector, error) {
 	return s, nil
 }
 
+// add appends a requirement. A key written without a source gets "any:",
+// as Cilium's Sanitize gives it (NewESFromK8sLabelSelector with the any
+// prefix) before it tests keys for a namespace or a cluster.
 func (s *selector) add(raw, op string, values []string) {
 	src, key := splitSource(raw)
 	if src == "" {
 		src = SourceAny
 	}
-	s.reqs = append(s.reqs, requirement{raw: raw, source: src, key: key, op: op, values: values})
+	s.reqs = append(s.reqs, requirement{raw: src + ":" + key, source: src, key: key, op: op, values: values})
 }
 
 // hasKey reports whether a requirement's key is written exactly k
