@@ -1,0 +1,175 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/zonewatch/zonewatch/internal/ciliumlab"
+	"github.com/zonewatch/zonewatch/internal/testenv"
+)
+
+// allowListFence is issue 32's fence: an endpointSelector on the
+// coordinator, ingress only fromEndpoints of the job's zones, no
+// ingressDeny. Cilium drops the other zones' SYNs as POLICY_DENIED and
+// names no policy (cilium#48588).
+func allowListFence(job string) string {
+	return fmt.Sprintf(`apiVersion: cilium.io/v2
+kind: CiliumNetworkPolicy
+metadata:
+  name: coordinator-fence
+  namespace: ml-team
+spec:
+  endpointSelector:
+    matchLabels:
+      training.kubeflow.org/job-name: %s
+      training.kubeflow.org/replica-type: master
+  ingress:
+  - fromEndpoints:
+    - matchExpressions:
+      - {key: zone, operator: In, values: [%s, %s]}
+`, job, zoneB, zoneC)
+}
+
+// TestCiliumLabAllowListFence: the real agents drop a split job's SYNs
+// under an allow-list fence (a CiliumNetworkPolicy, then a
+// CiliumClusterwideNetworkPolicy) by default deny; the agents' drop
+// counters and Hubble give the ground truth (Hubble names no policy),
+// the DaemonSet exporter on the coordinator's node counts each SYN once
+// with the fence named, policy_source="selected".
+func TestCiliumLabAllowListFence(t *testing.T) {
+	if testing.Short() {
+		t.Skip("end-to-end: starts four Cilium agents")
+	}
+	began := time.Now()
+	lab, api, _ := startCiliumLab(t, false)
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	defer cancel()
+	const job, port, tries = "fence-job", 29500, 5
+	labels := func(role, zone string) map[string]string {
+		return map[string]string{"training.kubeflow.org/job-name": job, "training.kubeflow.org/replica-type": role, "zone": zone}
+	}
+	add := func(name, node, role, zone string) *ciliumlab.Pod {
+		p, err := lab.AddPod(ctx, ciliumlab.PodSpec{Namespace: "ml-team", Name: name, Node: node, Labels: labels(role, zone),
+			OwnerAPIVersion: "kubeflow.org/v1", OwnerKind: "PyTorchJob", OwnerName: job, Ports: []int32{port}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := p.Identity(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	master := add(job+"-master-0", "cpu-b1", "master", zoneB)
+	workers := []*ciliumlab.Pod{add(job+"-worker-0", "gpu-a1", "worker", zoneA), add(job+"-worker-1", "gpu-a2", "worker", zoneA)}
+	ln, err := master.Listen(port)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+
+	// The DaemonSet exporter of the coordinator's node: the chart's args,
+	// ServiceAccount and ClusterRole (list/watch cilium.io).
+	n := lab.Node("cpu-b1")
+	id := api.ChartIdentity(t, nil)
+	kc, err := lab.Kubeconfig("exporter", id.Config.BearerToken)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc := testenv.ChartSecurityContext(t)
+	testenv.CanStartAs(t)
+	argv := sc.Args(exporterBinary(t), chartArgs(t, map[string]string{"--kubeconfig": kc, "--gpu.source": "none"})...)
+	if _, err := n.Start("exporter", []string{"NODE_NAME=" + n.Name}, argv[0], argv[1:]...); err != nil {
+		t.Fatal(err)
+	}
+	addrs := map[string]string{n.Name: net.JoinHostPort(n.IP.String(), "19420")}
+	if !waitReady(t, exporter{node: n.Name, addr: addrs[n.Name]}, 2*time.Minute) {
+		t.Logf("exporter log:\n%s", tailOf(filepath.Join(n.Dir, "exporter.log"), 3000))
+		t.FailNow()
+	}
+	dst := net.JoinHostPort(master.IP.String(), fmt.Sprint(port))
+	// blocked waits until the fence reaches the coordinator's datapath.
+	blocked := func() bool {
+		for range 60 {
+			c, err := workers[0].Dial(dst, 500*time.Millisecond)
+			if err != nil {
+				return true
+			}
+			c.Close()
+			time.Sleep(500 * time.Millisecond)
+		}
+		return false
+	}
+	for _, fc := range []struct{ name, manifest, policy string }{
+		{"CiliumNetworkPolicy", allowListFence(job), "ml-team/coordinator-fence"},
+		{"CiliumClusterwideNetworkPolicy", allowFence(), "zone-fence-allow"},
+	} {
+		ns, name, err := lab.ApplyPolicy(ctx, fc.manifest)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !blocked() {
+			t.Fatalf("%s: the workers still reach the coordinator", fc.name)
+		}
+		time.Sleep(2 * time.Second) // the probing SYNs' drops settle
+		selected := map[string]string{"namespace": "ml-team", "job_name": job, "policy": fc.policy, "policy_source": "selected", "reason": "POLICY_DENIED"}
+		agent0, zw0 := agentDrops(t, lab), sumExporters(t, addrs, "zonewatch_job_policy_drops_total", selected)
+		all0 := sumExporters(t, addrs, "zonewatch_job_policy_drops_total", map[string]string{"job_name": job})
+		since := time.Now()
+		for _, w := range workers {
+			for range tries {
+				if c, err := w.Dial(dst, 500*time.Millisecond); err == nil {
+					c.Close()
+					t.Errorf("%s: %s reached the coordinator", fc.name, w.Spec.Name)
+				}
+			}
+		}
+		time.Sleep(3 * time.Second)
+		agent1 := agentDrops(t, lab)
+		var agent float64
+		for k, v := range agent1 {
+			if strings.HasPrefix(k, "cpu-b1 ") && strings.Contains(k, "Policy denied") {
+				agent += v - agent0[k]
+			}
+		}
+		hub := policyDrops(t, n, master, port, since)
+		var zw, all float64
+		deadline := time.Now().Add(20 * time.Second)
+		for {
+			zw = sumExporters(t, addrs, "zonewatch_job_policy_drops_total", selected) - zw0
+			all = sumExporters(t, addrs, "zonewatch_job_policy_drops_total", map[string]string{"job_name": job}) - all0
+			if all >= agent || time.Now().After(deadline) {
+				break
+			}
+			time.Sleep(time.Second)
+		}
+		t.Logf("%s: %d SYNs tried; the agent on cpu-b1 counted %.0f policy drops, its Hubble %v; zonewatch %.0f with policy=%q policy_source=\"selected\" (%.0f in all): series %v",
+			fc.name, len(workers)*tries, agent, hub, zw, fc.policy, all,
+			seriesOf(t, addrs, "zonewatch_job_policy_drops_total", map[string]string{"job_name": job}))
+		for k := range hub {
+			if strings.Contains(k, "/") {
+				t.Errorf("%s: Hubble named a policy (%s): not a default-deny drop", fc.name, k)
+			}
+		}
+		if agent == 0 || zw != agent || all != agent {
+			t.Errorf("%s: the agent dropped %.0f, zonewatch counted %.0f named %q (%.0f in all)", fc.name, agent, zw, fc.policy, all)
+		}
+		if err := lab.DeletePolicy(ctx, ns, name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Logf("TestCiliumLabAllowListFence: %s", time.Since(began).Round(time.Millisecond))
+}
