@@ -398,7 +398,8 @@ func TestExporterRBACAudit(t *testing.T) {
 		if m.name == "daemonset" {
 			// The dcgm-exporter pod (another namespace) was found: the GPU
 			// source is wired (down: nothing listens at the pod's port).
-			want["gpu"] = "0"
+			// The probe's peer informer lists the exporter pods.
+			want["gpu"], want["probe"] = "0", "1"
 		}
 		e.waitSources(t, want)
 	}
@@ -419,44 +420,58 @@ func TestExporterRBACAudit(t *testing.T) {
 }
 
 // TestExporterRBACDenied removes one rule of the chart's ClusterRole at a
-// time: the source it starves reports zonewatch_source_up 0, the exporter
-// logs one error line naming the verb, the resource and the rule to add,
-// keeps serving the rest, and the audit comparison fails on the request.
+// time, in both of the chart's modes: each source it starves reports
+// zonewatch_source_up 0 and logs one error line naming the verb, the
+// resource and the rule to add; the exporter keeps serving the rest, the
+// audit comparison fails on the request, and once the rule is granted again
+// the starved sources come up by themselves.
 func TestExporterRBACDenied(t *testing.T) {
 	c := startRBACCluster(t)
+	type denial struct{ source, resource string }
+	daemonset, relay := exporterModes[0], exporterModes[1]
 	for _, tc := range []struct {
 		name, group, resource string
-		// sources' zonewatch_source_up with the rule missing
-		want map[string]string
-		// resources denied: one error line each
-		denied []string
+		mode                  exporterMode
+		// sources' zonewatch_source_up with the rule missing, and once it
+		// is granted again (nil: not checked)
+		want, recovered map[string]string
+		// one error line each
+		denied []denial
 	}{
-		{"resourceslices", "resource.k8s.io", "resourceslices", map[string]string{"kubernetes": "1", "gpu": "0"}, []string{"resourceslices.resource.k8s.io"}},
-		{"pods-and-nodes", "", "pods", map[string]string{"kubernetes": "0"}, []string{"pods", "nodes"}},
+		{"resourceslices", "resource.k8s.io", "resourceslices", daemonset, map[string]string{"kubernetes": "1", "gpu": "0"}, nil,
+			[]denial{{"gpu", "resourceslices.resource.k8s.io"}}},
+		// The probe's peer informer lists pods too: its own line and
+		// source_up.
+		{"pods-and-nodes", "", "pods", daemonset, map[string]string{"kubernetes": "0", "probe": "0"}, map[string]string{"kubernetes": "1", "probe": "1"},
+			[]denial{{"kubernetes", "pods"}, {"kubernetes", "nodes"}, {"probe", "pods"}}},
+		{"relay-pods-and-nodes", "", "pods", relay, map[string]string{"kubernetes": "0"}, map[string]string{"kubernetes": "1"},
+			[]denial{{"kubernetes", "pods"}, {"kubernetes", "nodes"}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			if _, ok := tc.mode.securityContext(t); !ok {
+				t.Skipf("helm not found: the %s mode is not run", tc.mode.name)
+			}
 			name := exporterSA + "-" + tc.name
+			// Its own ServiceAccount, role and binding: no other case's
+			// grants in RBAC's cache.
+			rename := func(r *testenv.ChartRBAC) {
+				r.ServiceAccount.Name, r.ClusterRole.Name, r.Binding.Name, r.Binding.RoleRef.Name, r.Binding.Subjects[0].Name = name, name, name, name, name
+			}
 			var role rbacv1.ClusterRole
 			id := c.api.ChartIdentity(t, func(r *testenv.ChartRBAC) {
-				// Its own ServiceAccount, role and binding: no other case's
-				// grants in RBAC's cache.
-				r.ServiceAccount.Name, r.ClusterRole.Name, r.Binding.Name, r.Binding.RoleRef.Name, r.Binding.Subjects[0].Name = name, name, name, name, name
+				rename(r)
 				r.ClusterRole.Rules = slices.DeleteFunc(r.ClusterRole.Rules, func(p rbacv1.PolicyRule) bool {
 					return slices.Contains(p.APIGroups, tc.group) && slices.Contains(p.Resources, tc.resource)
 				})
 				role = r.ClusterRole
 			})
-			e := c.start(t, exporterModes[0], id)
+			e := c.start(t, tc.mode, id)
 			e.waitSources(t, tc.want)
 			logs, _ := os.ReadFile(e.log)
-			source := "kubernetes"
-			if tc.name == "resourceslices" {
-				source = "gpu"
-			}
-			for _, res := range tc.denied {
-				gr := schema.ParseGroupResource(res)
+			for _, d := range tc.denied {
+				gr := schema.ParseGroupResource(d.resource)
 				want := []string{`level=ERROR`, `msg="permission denied: add the rule to zonewatch's ClusterRole`,
-					`starved_source=` + source, `resource=` + res, `user=` + id.User,
+					`starved_source=` + d.source + ` `, `resource=` + d.resource, `user=` + id.User,
 					`rule="{apiGroups: [\"` + gr.Group + `\"], resources: [\"` + gr.Resource + `\"], verbs: [\"list\", \"watch\"]}"`}
 				var lines []string
 				for _, l := range strings.Split(string(logs), "\n") {
@@ -487,6 +502,10 @@ func TestExporterRBACDenied(t *testing.T) {
 				t.Errorf("the audit comparison did not flag the missing %s rule; problems: %q", tc.resource, problems)
 			} else {
 				t.Logf("the audit comparison flags it: %s", problems[0])
+			}
+			if tc.recovered != nil {
+				c.api.ChartIdentity(t, rename) // the chart's rules again
+				e.waitSources(t, tc.recovered)
 			}
 		})
 	}

@@ -72,7 +72,8 @@ func (p *probePart) start(ctx context.Context, w *wiring, in *inputs) error {
 		return z
 	}
 	if peers == nil {
-		pp := probe.NewPodPeers(in.kube, *p.selector, *p.port, zoneOf)
+		pp := probe.NewPodPeers(in.kube, *p.selector, *p.port, zoneOf, w.logger)
+		w.exporter.AddSource("probe", pp)
 		pp.Start(ctx)
 		peers = pp
 	}

@@ -2,14 +2,18 @@ package probe
 
 import (
 	"context"
+	"log/slog"
 	"net"
 	"strconv"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
+
+	"github.com/zonewatch/zonewatch/collector/kube"
 )
 
 // DefaultSelector selects the chart's exporter pods.
@@ -19,14 +23,17 @@ const DefaultSelector = "app.kubernetes.io/name=zonewatch"
 // from an informer, with each node's zone from zoneOf.
 type PodPeers struct {
 	store  cache.Store
+	synced cache.InformerSynced
 	port   int
 	zoneOf func(node string) string
 	start  func(stop <-chan struct{})
 }
 
 // NewPodPeers watches the exporter pods selected by selector in every
-// namespace.
-func NewPodPeers(client kubernetes.Interface, selector string, port int, zoneOf func(string) string) *PodPeers {
+// namespace. A denied list or watch is logged once at error with the rule
+// to add, as the other informers' are (kube.Denials, source "probe"): until
+// it is granted there are no peers and Up is false.
+func NewPodPeers(client kubernetes.Interface, selector string, port int, zoneOf func(string) string, logger *slog.Logger) *PodPeers {
 	f := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 		o.LabelSelector = selector
 	}))
@@ -44,8 +51,14 @@ func NewPodPeers(client kubernetes.Interface, selector string, port int, zoneOf 
 			Status:     corev1.PodStatus{Phase: p.Status.Phase, PodIP: p.Status.PodIP},
 		}, nil
 	})
-	return &PodPeers{store: inf.GetStore(), port: port, zoneOf: zoneOf, start: f.Start}
+	// Fails only on a started informer.
+	_ = kube.NewDenials("probe", logger).Watch(inf, schema.GroupResource{Resource: "pods"})
+	return &PodPeers{store: inf.GetStore(), synced: inf.HasSynced, port: port, zoneOf: zoneOf, start: f.Start}
 }
+
+// Up reports whether the peer list has synced
+// (zonewatch_source_up{source="probe"}).
+func (pp *PodPeers) Up() bool { return pp.synced() }
 
 // Start starts the informer.
 func (pp *PodPeers) Start(ctx context.Context) { pp.start(ctx.Done()) }

@@ -3,6 +3,7 @@ package probe
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"sort"
 	"testing"
 	"time"
@@ -67,7 +68,7 @@ func TestPodPeersOnAPIServer(t *testing.T) {
 	})
 
 	zones := map[string]string{"node-a": "zone-a", "node-b": "zone-b", "node-c": "zone-c"}
-	pp := NewPodPeers(c, "app.kubernetes.io/name=zonewatch,app.kubernetes.io/instance=zw", DefaultPort, func(n string) string { return zones[n] })
+	pp := NewPodPeers(c, "app.kubernetes.io/name=zonewatch,app.kubernetes.io/instance=zw", DefaultPort, func(n string) string { return zones[n] }, slog.New(slog.DiscardHandler))
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	pp.Start(runCtx)
