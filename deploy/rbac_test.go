@@ -467,22 +467,38 @@ func TestExporterRBACDenied(t *testing.T) {
 			})
 			e := c.start(t, tc.mode, id)
 			e.waitSources(t, tc.want)
-			logs, _ := os.ReadFile(e.log)
-			for _, d := range tc.denied {
-				gr := schema.ParseGroupResource(d.resource)
-				want := []string{`level=ERROR`, `msg="permission denied: add the rule to zonewatch's ClusterRole`,
-					`starved_source=` + d.source + ` `, `resource=` + d.resource, `user=` + id.User,
-					`rule="{apiGroups: [\"` + gr.Group + `\"], resources: [\"` + gr.Resource + `\"], verbs: [\"list\", \"watch\"]}"`}
-				var lines []string
-				for _, l := range strings.Split(string(logs), "\n") {
+			// The lines are logged as each informer's first list is refused,
+			// which may come after source_up reads 0 (it does from the start).
+			lines := func(want []string) (logs string, out []string) {
+				b, _ := os.ReadFile(e.log)
+				for _, l := range strings.Split(string(b), "\n") {
 					if containsAll(l, want) && verbRE.MatchString(l) {
-						lines = append(lines, l)
+						out = append(out, l)
 					}
 				}
-				if len(lines) != 1 {
-					t.Errorf("the exporter log has %d lines with %q and verb=list or watch, want 1:\n%s", len(lines), want, logs)
+				return string(b), out
+			}
+			wants := make([][]string, len(tc.denied))
+			for i, d := range tc.denied {
+				gr := schema.ParseGroupResource(d.resource)
+				wants[i] = []string{`level=ERROR`, `msg="permission denied: add the rule to zonewatch's ClusterRole`,
+					`starved_source=` + d.source + ` `, `resource=` + d.resource, `user=` + id.User,
+					`rule="{apiGroups: [\"` + gr.Group + `\"], resources: [\"` + gr.Resource + `\"], verbs: [\"list\", \"watch\"]}"`}
+				for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+					if _, got := lines(wants[i]); len(got) > 0 {
+						break
+					}
+				}
+			}
+			// The informers retry meanwhile (client-go's backoff starts at
+			// 800 ms): still one line each.
+			time.Sleep(2 * time.Second)
+			for _, want := range wants {
+				logs, got := lines(want)
+				if len(got) != 1 {
+					t.Errorf("the exporter log has %d lines with %q and verb=list or watch, want 1:\n%s", len(got), want, logs)
 				} else {
-					t.Logf("what the user sees: %s", lines[0])
+					t.Logf("what the user sees: %s", got[0])
 				}
 			}
 			// Still serving: /metrics answered above; /healthz too.
