@@ -127,16 +127,24 @@ func addPyTorchJob(ctx context.Context, t *testing.T, lab *ciliumlab.Lab, ns, na
 // closes the lab at cleanup (failing the test if anything is left).
 func startCiliumLab(t *testing.T, relay bool) (*ciliumlab.Lab, *testenv.APIServer, string) {
 	t.Helper()
-	tools := testenv.ToolsBin(t, "etcd", "kube-apiserver", "kube-scheduler", "cilium")
+	return startCiliumLabWith(t, ciliumlab.Config{Nodes: labNodes, Relay: relay})
+}
+
+// startCiliumLabWith is startCiliumLab with the lab's nodes and agents
+// from cfg (cfg.Cilium: a folder of the tools' bin/, "cilium" when
+// empty; "cilium-1.18" the second version); the rest is filled in.
+func startCiliumLabWith(t *testing.T, cfg ciliumlab.Config) (*ciliumlab.Lab, *testenv.APIServer, string) {
+	t.Helper()
+	if cfg.Cilium == "" {
+		cfg.Cilium = "cilium"
+	}
+	tools := testenv.ToolsBin(t, "etcd", "kube-apiserver", "kube-scheduler", cfg.Cilium)
 	testenv.Root(t, "the Cilium lab needs root (network and mount namespaces, BPF)")
 	api := testenv.StartAPIServer(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	dir := t.TempDir()
-	lab, err := ciliumlab.Start(ctx, ciliumlab.Config{
-		Cilium: filepath.Join(tools, "cilium"), Dir: dir, API: api.Config, Region: labRegion,
-		Nodes: labNodes, Relay: relay, Logf: t.Logf,
-	})
+	cfg.Cilium, cfg.Dir, cfg.API, cfg.Region, cfg.Logf = filepath.Join(tools, cfg.Cilium), t.TempDir(), api.Config, labRegion, t.Logf
+	lab, err := ciliumlab.Start(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -788,91 +796,12 @@ func TestCiliumLab(t *testing.T) {
 	blocked, slow, healthy := sc.blocked, sc.slow, sc.healthy
 	t.Logf("exporters up, pods wired and the fence in force %s after the test began", time.Since(began).Round(time.Millisecond))
 
-	dropsBefore := agentDrops(t, lab)
+	run := runLabExchanges(ctx, t, lab, sc)
+	res, results, denied, ex := run.block, run.results, run.denied, run.ex
 
-	// Hard block: each worker tries the rendezvous 5 times.
-	const attempts = 5
-	ex := ciliumlab.Exchange{Up: 64 << 10, Down: 16 << 10, Steps: 40, DialTimeout: 500 * time.Millisecond}
-	if _, err := blocked.coordinator.Serve(ex.Up, ex.Down); err != nil {
-		t.Fatal(err)
-	}
-	res := ex.Run(ctx, blocked.coordinator, blocked.workers, attempts)
-	t.Logf("hard block: %s", res)
-	if res.Failed != res.Attempts || res.Attempts != attempts*len(blocked.workers) {
-		t.Errorf("hard block: %d of %d attempts failed, want all %d", res.Failed, res.Attempts, attempts*len(blocked.workers))
-	}
-
-	// No fence (namespace research) and the co-located control.
-	var results []ciliumlab.Result
-	for _, j := range []*labJob{slow, healthy} {
-		if _, err := j.coordinator.Serve(ex.Up, ex.Down); err != nil {
-			t.Fatal(err)
-		}
-		r := ex.Run(ctx, j.coordinator, j.workers, 3)
-		t.Logf("%s/%s: %s", j.ns, j.name, r)
-		if r.Failed != 0 {
-			t.Errorf("%s/%s: %d connection attempts failed", j.ns, j.name, r.Failed)
-		}
-		results = append(results, r)
-	}
-
-	dropsAfter := agentDrops(t, lab)
-	denied := dropsAfter["Policy denied by denylist"] - dropsBefore["Policy denied by denylist"]
-	t.Logf("agents' own counters: %.0f packets dropped as \"Policy denied by denylist\" (%v)", denied, dropDelta(dropsBefore, dropsAfter))
-
-	t.Run("drops", func(t *testing.T) {
-		match := map[string]string{"namespace": blocked.ns, "job_name": blocked.name}
-		var got float64
-		eventually(t, time.Minute, "the exporters count every drop the agents counted", func() (bool, string) {
-			got = sumExporters(t, addrs, "zonewatch_job_policy_drops_total", match)
-			return got == denied, fmt.Sprintf("exporters %g, agents %g", got, denied)
-		})
-		t.Logf("drops of %s/%s: exporters %g, agents' drop counters %g, SYNs the workers sent %d", blocked.ns, blocked.name, got, denied, res.Failed)
-		series := seriesOf(t, addrs, "zonewatch_job_policy_drops_total", match)
-		t.Logf("drop series: %v", series)
-		want := map[string]string{"namespace": blocked.ns, "job_name": blocked.name, "src_zone": zoneA, "dst_zone": zoneB,
-			"locality": "cross_zone", "peer": "job", "policy": "ml-team/zone-isolation", "direction": "ingress"}
-		if w := sumExporters(t, addrs, "zonewatch_job_policy_drops_total", want); w != denied {
-			t.Errorf("drops with %v: %g, want all %g", want, w, denied)
-		}
-		for _, j := range []*labJob{slow, healthy} {
-			if d := sumExporters(t, addrs, "zonewatch_job_policy_drops_total", map[string]string{"namespace": j.ns, "job_name": j.name}); d != 0 {
-				t.Errorf("%s/%s: %g drops, want none", j.ns, j.name, d)
-			}
-		}
-	})
-
-	t.Run("bytes", func(t *testing.T) {
-		for i, j := range []*labJob{slow, healthy} {
-			var payload int64
-			for _, v := range results[i].Payload {
-				payload += v
-			}
-			ct := conntrackOf(t, lab, j.coordinator.IP, ciliumlab.RendezvousPort, j.workers...)
-			// Ethernet, IPv4 and TCP with timestamps per packet the
-			// datapath counted (skb length at the tc hook).
-			const hdr = 14 + 20 + 32
-			want := float64(payload + ct.packets*hdr)
-			locality := "cross_zone"
-			if j == healthy {
-				locality = "zone"
-			}
-			match := map[string]string{"namespace": j.ns, "job_name": j.name}
-			var got float64
-			eventually(t, time.Minute, j.name+" bytes within 1% of payload plus headers", func() (bool, string) {
-				got = sumExporters(t, addrs, "zonewatch_job_network_bytes_total", match)
-				return got >= 0.99*want && got <= 1.01*want, fmt.Sprintf("exporters %g, want %g", got, want)
-			})
-			t.Logf("%s/%s bytes: exporters %g; payload %d B both ways; conntrack %d B in %d packets (%d entries); payload+%d B/packet %g; exporters/payload %.4f, exporters/conntrack %.4f",
-				j.ns, j.name, got, payload, ct.bytes, ct.packets, ct.entries, hdr, want, got/float64(payload), got/float64(ct.bytes))
-			if l := sumExporters(t, addrs, "zonewatch_job_network_bytes_total", mergeArgs(match, map[string]string{"locality": locality})); l != got {
-				t.Errorf("%s/%s: %g of %g bytes with locality %s: %v", j.ns, j.name, l, got, locality, seriesOf(t, addrs, "zonewatch_job_network_bytes_total", match))
-			}
-		}
-		if b := sumExporters(t, addrs, "zonewatch_job_network_bytes_total", map[string]string{"namespace": healthy.ns, "job_name": healthy.name, "locality": "cross_zone"}); b != 0 {
-			t.Errorf("co-located job: %g cross-zone bytes, want 0", b)
-		}
-	})
+	t.Run("drops", func(t *testing.T) { checkLabDrops(t, addrs, sc, denied) })
+	t.Run("bytes", func(t *testing.T) { checkLabBytes(t, lab, addrs, sc, results) })
+	t.Run("ipcache names every remote pod's node", func(t *testing.T) { checkIPCacheNodes(ctx, t, lab, sc) })
 
 	t.Run("flows", func(t *testing.T) {
 		for i, j := range []*labJob{slow, healthy} {

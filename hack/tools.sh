@@ -29,6 +29,17 @@ CILIUM_VERSION=v1.20.2
 # was tagged the same day. BGP stays off in the lab.
 CILIUM_GOBGP_REPLACE=v4.7.0
 LLVM_APT_VERSION=1:19.1.7-3~deb12u1
+# A second Cilium for the lab (cilium118): the newest 1.18 patch the module
+# proxy serves here (v1.18.12 and later answer 403; v1.18.9 and v1.18.10
+# fail the checksum database). Its go.mod replaces three modules; the
+# wrapper repeats none of them: github.com/cilium/apimachinery v0.33.3-1
+# is refused (403) and github.com/cilium/gobgp/v3's pseudo-version is not
+# in the checksum database (404), so upstream k8s.io/apimachinery v0.33.13
+# and github.com/osrg/gobgp/v3 v3.37.0 (the versions it requires) are
+# built instead; the controller-tools replace only concerns code
+# generation. BGP stays off; the apimachinery fork adds omitzero handling
+# to the unstructured converter (the lab's agents run fine without it).
+CILIUM118_VERSION=v1.18.11
 # make lint checks .github/workflows with it.
 ACTIONLINT_VERSION=v1.7.12
 # Release tools, built only with --release (make sbom, make push): the SBOM
@@ -174,6 +185,40 @@ cilium() {
   rm -rf "$w"
 }
 
+# cilium118 builds cilium-agent and cilium-cni of the second Cilium version
+# the lab runs (no hubble-relay: its tests use each node's own socket), with
+# the same version stamp, BPF sources, CRDs and LLVM 19 (1.18's own docs ask
+# for clang >= 18.1) as cilium(). Linked as bin/cilium-1.18.
+cilium118() {
+  local v=$CILIUM118_VERSION m=github.com/cilium/cilium
+  local dir=$tools/cilium-$v info vstamp
+  info=$(go mod download -json "$m@$v" | sed -n 's/.*"Info": "\(.*\)".*/\1/p')
+  vstamp="${v#v} zwlab $(sed -n 's/.*"Time":"\([^"]*\)".*/\1/p' "$info")"
+  if [ -x "$dir/cilium-agent" ] && [ -x "$dir/cilium-cni" ] && [ -d "$dir/lib/bpf" ] && [ -d "$dir/crds" ] &&
+    [ "$(cat "$dir/.version" 2>/dev/null)" = "$vstamp" ]; then
+    return
+  fi
+  log "building cilium-agent, cilium-cni $v (cold: about 15 CPU-minutes, 3.5 GB)"
+  local w=$tools/cilium118-build
+  rm -rf "$w" "$dir.tmp"; mkdir -p "$w" "$dir.tmp"
+  printf 'module zonewatch.local/cilium118\ngo 1.26\nrequire %s %s\n' "$m" "$v" >"$w/go.mod"
+  printf '//go:build tools\n\npackage main\n\nimport (\n\t_ "%s/daemon"\n\t_ "%s/plugins/cilium-cni"\n)\n' "$m" "$m" >"$w/tools.go"
+  (cd "$w" && GOFLAGS=-mod=mod go get "$m@$v" >&2 && GOFLAGS=-mod=mod go mod tidy >&2)
+  local ldflags="-s -w -X '$m/pkg/version.ciliumVersion=$vstamp'" name pkg
+  for pair in cilium-agent:daemon cilium-cni:plugins/cilium-cni; do
+    name=${pair%%:*} pkg=${pair#*:}
+    (cd "$w" && CGO_ENABLED=0 go build -trimpath -ldflags "$ldflags" -o "$dir.tmp/$name" "$m/$pkg")
+  done
+  local src
+  src=$(cd "$w" && go list -m -f '{{.Dir}}' "$m")
+  mkdir -p "$dir.tmp/lib"; cp -r "$src/bpf" "$dir.tmp/lib/bpf"; chmod -R u+w "$dir.tmp/lib"
+  cilium_crds "$src" "$dir.tmp"
+  mkdir -p "$dir.tmp/llvm"; ln -sf "$(command -v clang-19)" "$dir.tmp/llvm/clang"; ln -sf "$(command -v llc-19)" "$dir.tmp/llvm/llc"
+  echo "$vstamp" >"$dir.tmp/.version"
+  rm -rf "$dir"; mv "$dir.tmp" "$dir"
+  rm -rf "$w"
+}
+
 # prometheus-operator's go.mod replaces its own pkg/apis/monitoring and
 # pkg/client modules with local folders, so `go install` refuses it: a
 # wrapper module requires it and pins both to the published same version.
@@ -201,6 +246,7 @@ prometheus_operator() {
 etcd_bin
 kube_components
 cilium
+cilium118
 prometheus_operator
 goinstall "prometheus-$PROMETHEUS_VERSION" \
   "github.com/prometheus/prometheus/cmd/prometheus@$PROMETHEUS_VERSION" \
@@ -240,6 +286,7 @@ fi
 ln -sf "$tools/prometheus-operator-$PROMETHEUS_OPERATOR_VERSION/operator" "$tools/bin/prometheus-operator"
 # The Cilium lab reads its folder (binaries, lib/bpf, llvm/) through this link.
 ln -sfn "$tools/cilium-$CILIUM_VERSION" "$tools/bin/cilium"
+ln -sfn "$tools/cilium-$CILIUM118_VERSION" "$tools/bin/cilium-1.18"
 log "ready in $tools/bin"
 echo "$tools/bin"
 exit
