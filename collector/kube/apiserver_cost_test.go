@@ -447,7 +447,7 @@ func TestAPIServerCost(t *testing.T) {
 			m.name, nodes, jobPods, m.first, podRound/600+nodeRound/300, rss[m.name])
 	}
 	if n := costEnv("ZONEWATCH_APISERVER_COST_ROLLOUT", 0); n > 0 {
-		for _, name := range []string{"relay", "daemonset"} {
+		for _, name := range []string{"daemonset", "relay"} {
 			rollout(ctx, t, api, name, n, nodes)
 		}
 	}
@@ -521,8 +521,8 @@ func apiserverPid(t *testing.T, api *testenv.APIServer) int {
 
 // rollout starts n exporters' informers of one mode at once, each its own
 // client (its own connection), as a DaemonSet rollout does, and logs the
-// apiserver's CPU and memory from the start until they all synced and
-// then for 10 s of watching.
+// apiserver's CPU and memory from the start until they all synced (or 5
+// minutes passed: how many did is logged) and then for 10 s of watching.
 func rollout(ctx context.Context, t *testing.T, api *testenv.APIServer, mode string, n, nodes int) {
 	t.Helper()
 	pid := apiserverPid(t, api)
@@ -531,6 +531,7 @@ func rollout(ctx context.Context, t *testing.T, api *testenv.APIServer, mode str
 	start := time.Now()
 	rctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	var synced atomic.Int64
 	var wg sync.WaitGroup
 	errs := make(chan error, n)
 	for i := range n {
@@ -554,7 +555,9 @@ func rollout(ctx context.Context, t *testing.T, api *testenv.APIServer, mode str
 				l, fs, err = kube.NewLocal(client, index, topology.DefaultRules(), node, 0, slog.New(slog.DiscardHandler))
 			}
 			if err == nil {
-				err = l.Run(rctx, fs)
+				if err = l.Run(rctx, fs); err == nil {
+					synced.Add(1)
+				}
 			}
 			errs <- err
 		}()
@@ -564,10 +567,13 @@ func rollout(ctx context.Context, t *testing.T, api *testenv.APIServer, mode str
 	go func() { wg.Wait(); close(done) }()
 	tick := time.NewTicker(200 * time.Millisecond)
 	defer tick.Stop()
+	limit := time.After(5 * time.Minute)
 wait:
 	for {
 		select {
 		case <-done:
+			break wait
+		case <-limit:
 			break wait
 		case <-tick.C:
 			if _, r, _ := procStat(pid); r > peak {
@@ -575,18 +581,14 @@ wait:
 			}
 		}
 	}
-	synced := time.Since(start)
-	close(errs)
-	for err := range errs {
-		if err != nil {
-			t.Fatalf("%s rollout: %v", mode, err)
-		}
-	}
+	took := time.Since(start)
 	cpu1, rss1, _ := procStat(pid)
 	time.Sleep(10 * time.Second)
 	cpu2, rss2, _ := procStat(pid)
-	t.Logf("rollout of %d %s exporters: all synced in %v; kube-apiserver CPU %.1f s to sync, %.2f s in 10 s of watching after; resident %.0f MiB before, peak %.0f MiB, %.0f MiB synced, %.0f MiB 10 s later",
-		n, mode, synced.Round(time.Millisecond), cpu1-cpu0, cpu2-cpu1, rss0, peak, rss1, rss2)
+	t.Logf("rollout of %d %s exporters: %d synced in %v; kube-apiserver CPU %.1f s until then, %.2f s in the 10 s after; resident %.0f MiB before, peak %.0f MiB, %.0f MiB then, %.0f MiB 10 s later",
+		n, mode, synced.Load(), took.Round(time.Millisecond), cpu1-cpu0, cpu2-cpu1, rss0, peak, rss1, rss2)
+	cancel()
+	wg.Wait()
 }
 
 // runExporter runs the exporter binary on the test's cluster, as the
