@@ -25,6 +25,10 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 )
 
+// streamWindow is the flow stream's HTTP/2 flow-control window: about
+// 14,000 masked flows.
+const streamWindow = 4 << 20
+
 // DefaultAddress is the node-local Hubble socket of a Cilium agent.
 const DefaultAddress = "unix:///var/run/cilium/hubble.sock"
 
@@ -64,6 +68,9 @@ type Config struct {
 	// Nodes, when set, restricts the stream to its nodes (Relay shards,
 	// shard.go); the stream restarts when they change.
 	Nodes NodeFilter
+	// ReadCoalesce is the longest wait after a read that emptied the
+	// socket (coalesce.go; 0: DefaultReadCoalesce; negative: none).
+	ReadCoalesce time.Duration
 }
 
 // Whitelist is the server-side filter: forwarded trace events that are
@@ -199,6 +206,9 @@ func NewClient(cfg Config, agg *Aggregator) *Client {
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.ReadCoalesce == 0 {
+		cfg.ReadCoalesce = DefaultReadCoalesce
 	}
 	c := &Client{cfg: cfg, agg: agg, m: agg.Metrics(), logger: cfg.Logger, marks: map[string]*nodeMark{}, lostMarks: map[lostKey]*lostMark{},
 		notBefore: -1 << 63, noMask: cfg.NoFieldMask, quietUp: 5 * time.Second, pruneAt: minPruneAt, newest: -1 << 63}
@@ -343,7 +353,16 @@ func (c *Client) session(ctx context.Context, since time.Time, reconnect bool) (
 	if err != nil {
 		return false, err
 	}
-	conn, err := grpc.NewClient(c.cfg.Address, grpc.WithTransportCredentials(creds))
+	if c.cfg.ReadCoalesce > 0 {
+		creds = coalescingCreds{creds, c.cfg.ReadCoalesce}
+	}
+	conn, err := grpc.NewClient(c.cfg.Address, grpc.WithTransportCredentials(creds),
+		// A static window: gRPC's dynamic one (BDP estimation) answers the
+		// first data frame after each ping ack with a window update and a
+		// new ping, so at the rates a node sends (a flow at a time) each
+		// flow cost a write and a read more, on both sides
+		// (BenchmarkRealPath).
+		grpc.WithInitialWindowSize(streamWindow), grpc.WithInitialConnWindowSize(streamWindow))
 	if err != nil {
 		return false, fmt.Errorf("hubble client for %s: %w", c.cfg.Address, err)
 	}
