@@ -132,6 +132,11 @@ func sel(extra ...string) string {
 // recorded metric: the alert's own namespace, job_name (and cluster).
 func perJob(metric string) string { return perJobWith(metric, "") }
 
+// perJobWhere is perJob with a comparison after the selector (` > 0`).
+func perJobWhere(metric, cmp string) string {
+	return `(printf "` + metric + `{namespace=%q,job_name=%q` + tClusterMatcher + `}` + cmp + `" $labels.namespace $labels.job_name` + tClusterArg + `)`
+}
+
 // perJobWith is perJob with extra matchers (`,peer="job"`).
 func perJobWith(metric, extra string) string {
 	extra = strings.ReplaceAll(extra, `"`, `\"`)
@@ -140,10 +145,13 @@ func perJobWith(metric, extra string) string {
 
 // Description fragments that look up a job's placement, drops and traffic.
 var (
-	jobName        = `{{ $labels.namespace }}/{{ $labels.job_name }}`
-	jobZones       = `{{ range $i, $s := query ` + perJob(RecJobPods) + ` | sortByLabel "zone" | sortByLabel "role" }}{{ if $i }}; {{ end }}{{ $s.Labels.role }} pods in {{ $s.Labels.zone }}: {{ $s.Value }}{{ end }}`
-	jobDrops       = `{{ range $i, $s := query ` + perJobWith(RecCrossZonePolicyDrops, `,peer="job"`) + ` | sortByLabel "policy" | sortByLabel "dst_zone" | sortByLabel "src_zone" }}{{ if $i }}; {{ end }}{{ $s.Labels.src_zone }} -> {{ $s.Labels.dst_zone }} denied by {{ with $s.Labels.policy }}policy {{ . }}{{ if eq $s.Labels.policy_source "selected" }} (default deny: it selects the denying pods and allows none of the peer; named by zonewatch, Cilium names none){{ end }}{{ else }}an unnamed policy{{ end }}, {{ $s.Value | printf "%.2f" }} drops/s{{ end }}`
-	jobBytes       = `{{ with query ` + perJob(RecCrossZoneBytes) + ` }}{{ . | first | value | humanize }}B/s{{ else }}{{ with query ` + perJob(RecCrossZoneFlowEvents) + ` }}{{ . | first | value | printf "%.2f" }} flow events/s, bytes not measured{{ end }}{{ end }}`
+	jobName  = `{{ $labels.namespace }}/{{ $labels.job_name }}`
+	jobZones = `{{ range $i, $s := query ` + perJob(RecJobPods) + ` | sortByLabel "zone" | sortByLabel "role" }}{{ if $i }}; {{ end }}{{ $s.Labels.role }} pods in {{ $s.Labels.zone }}: {{ $s.Value }}{{ end }}`
+	jobDrops = `{{ range $i, $s := query ` + perJobWith(RecCrossZonePolicyDrops, `,peer="job"`) + ` | sortByLabel "policy" | sortByLabel "dst_zone" | sortByLabel "src_zone" }}{{ if $i }}; {{ end }}{{ $s.Labels.src_zone }} -> {{ $s.Labels.dst_zone }} denied by {{ with $s.Labels.policy }}policy {{ . }}{{ if eq $s.Labels.policy_source "selected" }} (default deny: it selects the denying pods and allows none of the peer; named by zonewatch, Cilium names none){{ end }}{{ else }}an unnamed policy{{ end }}, {{ $s.Value | printf "%.2f" }} drops/s{{ end }}`
+	// A byte rate is stated only when bytes moved: a series that exists
+	// but has not moved in its window (conntrack's first reads) would read
+	// 0B/s while the alert fires on flow events; those are given instead.
+	jobBytes       = `{{ with query ` + perJobWhere(RecCrossZoneBytes, ` > 0`) + ` }}{{ . | first | value | humanize }}B/s{{ else }}{{ with query ` + perJob(RecCrossZoneFlowEvents) + ` }}{{ . | first | value | printf "%.2f" }} flow events/s, {{ with query ` + perJob(RecCrossZoneBytes) + ` }}no bytes measured yet{{ else }}bytes not measured{{ end }}{{ end }}{{ end }}`
 	jobIdleGPUCost = `{{ with query ` + perJob(RecSplitIdleGPUCost) + ` }}; its idle GPUs cost ${{ . | first | value | printf "%.2f" }} an hour{{ end }}`
 	jobPeerDrops   = `{{ range $i, $s := query ` + perJob(RecPeerPolicyDrops) + ` | sortByLabel "policy" | sortByLabel "peer_workload" | sortByLabel "peer_namespace" | sortByLabel "peer" }}{{ if $i }}; {{ end }}{{ with $s.Labels.peer_workload }}{{ $s.Labels.peer_namespace }}/{{ . }}{{ else }}unnamed {{ $s.Labels.peer }} peers{{ end }} denied by {{ with $s.Labels.policy }}policy {{ . }}{{ if eq $s.Labels.policy_source "selected" }} (default deny: it selects the denying pods and allows none of the peer; named by zonewatch, Cilium names none){{ end }}{{ else }}an unnamed policy{{ end }}, {{ $s.Value | printf "%.2f" }} drops/s{{ end }}`
 	// The zone pairs the job's own flows cross with their probe RTT, and
