@@ -575,6 +575,9 @@ func readResources() map[string][]string {
 	for _, r := range gpu.ReadResources {
 		out[r.Group] = append(out[r.Group], r.Resource)
 	}
+	for _, r := range kube.ServiceResources {
+		out[r.Group] = append(out[r.Group], r.Resource)
+	}
 	return out
 }
 

@@ -443,9 +443,11 @@ func TestExporterRBACDenied(t *testing.T) {
 		// The probe's peer informer lists pods too: its own line and
 		// source_up.
 		{"pods-and-nodes", "", "pods", daemonset, map[string]string{"kubernetes": "0", "probe": "0"}, map[string]string{"kubernetes": "1", "probe": "1"},
-			[]denial{{"kubernetes", "pods"}, {"kubernetes", "nodes"}, {"probe", "pods"}}},
+			[]denial{{"kubernetes", "pods"}, {"kubernetes", "nodes"}, {"kubernetes", "services"}, {"probe", "pods"}}},
 		{"relay-pods-and-nodes", "", "pods", relay, map[string]string{"kubernetes": "0"}, map[string]string{"kubernetes": "1"},
-			[]denial{{"kubernetes", "pods"}, {"kubernetes", "nodes"}}},
+			[]denial{{"kubernetes", "pods"}, {"kubernetes", "nodes"}, {"kubernetes", "services"}}},
+		{"endpointslices", "discovery.k8s.io", "endpointslices", daemonset, map[string]string{"kubernetes": "0"}, map[string]string{"kubernetes": "1"},
+			[]denial{{"kubernetes", "endpointslices.discovery.k8s.io"}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if _, ok := tc.mode.securityContext(t); !ok {

@@ -35,6 +35,10 @@ type Services struct {
 	Skipped atomic.Uint64
 }
 
+// ServiceResources are what the Service informers list and watch (the
+// chart's ClusterRole grants them; deploy/chart_test.go checks it).
+var ServiceResources = []schema.GroupResource{{Resource: "services"}, {Group: "discovery.k8s.io", Resource: "endpointslices"}}
+
 // CachedService is what the Service informer keeps of a Service.
 type CachedService struct {
 	topology.Service
@@ -56,7 +60,7 @@ func NewServices(client kubernetes.Interface, index *topology.Index, resync time
 	if err := si.SetTransform(s.stripService); err != nil {
 		return nil, nil, fmt.Errorf("service informer transform: %w", err)
 	}
-	if err := s.denied.Watch(si, schema.GroupResource{Resource: "services"}); err != nil {
+	if err := s.denied.Watch(si, ServiceResources[0]); err != nil {
 		return nil, nil, fmt.Errorf("service informer error handler: %w", err)
 	}
 	reg, err := si.AddEventHandler(cache.ResourceEventHandlerFuncs{
@@ -76,7 +80,7 @@ func NewServices(client kubernetes.Interface, index *topology.Index, resync time
 	if err := ei.SetTransform(s.stripSlice); err != nil {
 		return nil, nil, fmt.Errorf("endpointslice informer transform: %w", err)
 	}
-	if err := s.denied.Watch(ei, schema.GroupResource{Group: "discovery.k8s.io", Resource: "endpointslices"}); err != nil {
+	if err := s.denied.Watch(ei, ServiceResources[1]); err != nil {
 		return nil, nil, fmt.Errorf("endpointslice informer error handler: %w", err)
 	}
 	reg, err = ei.AddEventHandler(cache.ResourceEventHandlerFuncs{
