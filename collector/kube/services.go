@@ -10,6 +10,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
@@ -45,10 +46,20 @@ type CachedService struct {
 	ResourceVersion string
 }
 
+// GetObjectMeta gives the informer what it keys and orders by.
+func (c *CachedService) GetObjectMeta() metav1.Object {
+	return &metav1.ObjectMeta{Namespace: c.Namespace, Name: c.Name, ResourceVersion: c.ResourceVersion}
+}
+
 // CachedEndpointSlice is what the EndpointSlice informer keeps.
 type CachedEndpointSlice struct {
 	topology.EndpointSlice
 	ResourceVersion string
+}
+
+// GetObjectMeta gives the informer what it keys and orders by.
+func (c *CachedEndpointSlice) GetObjectMeta() metav1.Object {
+	return &metav1.ObjectMeta{Namespace: c.Namespace, Name: c.Name, ResourceVersion: c.ResourceVersion}
 }
 
 // NewServices prepares the Service and EndpointSlice informers; Run

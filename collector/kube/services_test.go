@@ -1,7 +1,6 @@
 package kube_test
 
 import (
-	"fmt"
 	"log/slog"
 	"net/netip"
 	"testing"
@@ -64,7 +63,8 @@ func TestServicesFromAPIServer(t *testing.T) {
 				return
 			}
 			if time.Now().After(deadline) {
-				t.Fatalf("%s: LookupIP(%s) = %+v, %v", what, vip, e, found)
+				sv, vv := idx.ServiceCounts()
+				t.Fatalf("%s: LookupIP(%s) = %+v, %v (index: %d services, %d VIPs); log:\n%s", what, vip, e, found, sv, vv, log)
 			}
 			time.Sleep(20 * time.Millisecond)
 		}
@@ -83,7 +83,8 @@ func TestServicesFromAPIServer(t *testing.T) {
 	if n := s.Skipped.Load(); n != 0 {
 		t.Errorf("skipped %d addresses, want 0", n)
 	}
-	t.Log(fmt.Sprint(idx.ServiceCounts()))
+	svcs, vips := idx.ServiceCounts()
+	t.Logf("index at the end: %d services (the apiserver's kubernetes Service, and dataset's slices), %d cluster IP (kubernetes')", svcs, vips)
 }
 
 // TestServiceFromBadAddresses: addresses that do not parse are counted
