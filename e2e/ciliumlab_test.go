@@ -130,15 +130,19 @@ func startCiliumLab(t *testing.T, relay bool) (*ciliumlab.Lab, *testenv.APIServe
 	return startCiliumLabWith(t, ciliumlab.Config{Nodes: labNodes, Relay: relay})
 }
 
-// startCiliumLabWith is startCiliumLab with the lab's nodes and agents
-// from cfg (cfg.Cilium: a folder of the tools' bin/, "cilium" when
-// empty; "cilium-1.18" the second version); the rest is filled in.
+// startCiliumLabWith is startCiliumLab with the lab's nodes, agents and
+// datapath (routing mode, Service path) from cfg (cfg.Cilium: a folder of
+// the tools' bin/, "cilium" when empty; "cilium-1.18" the second version);
+// the rest is filled in.
 func startCiliumLabWith(t *testing.T, cfg ciliumlab.Config) (*ciliumlab.Lab, *testenv.APIServer, string) {
 	t.Helper()
 	if cfg.Cilium == "" {
 		cfg.Cilium = "cilium"
 	}
 	tools := testenv.ToolsBin(t, "etcd", "kube-apiserver", "kube-scheduler", cfg.Cilium)
+	if cfg.ServiceLB == ciliumlab.ServiceLBKubeProxy {
+		testenv.ToolsBin(t, "kube-proxy")
+	}
 	testenv.Root(t, "the Cilium lab needs root (network and mount namespaces, BPF)")
 	api := testenv.StartAPIServer(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)

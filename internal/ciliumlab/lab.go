@@ -9,10 +9,14 @@
 // paths (/var/run/cilium/hubble.sock, /sys/fs/bpf/tc/globals) are the real
 // ones. A pod is a network namespace wired by cilium-cni ADD and removed by
 // DEL, as the kubelet calls it; its Pod object carries the IP the CNI
-// returned. A pod is bound by the lab (AddPod) or created unbound and
+// returned; its sockets are made by a process of its own in a cgroup under
+// the node's cgroup root (sandbox.go), as a container's are. A pod is bound by the lab (AddPod) or created unbound and
 // placed by a scheduler running against the apiserver (SchedulePods: the
 // lab wires it on the node of its Binding, as a kubelet would); nodes
-// carry allocatable resources and taints for it. Nodes talk over VXLAN.
+// carry allocatable resources and taints for it. Nodes talk over VXLAN or,
+// with Config.Routing native, directly over the bridge; Config.ServiceLB
+// picks what translates ClusterIPs (socket or tc LB of kube-proxy
+// replacement, or the real kube-proxy in iptables mode).
 //
 // Everything the lab makes (processes, namespaces, links, mounts, cgroups,
 // Kubernetes objects it does not leave to the apiserver's own cleanup) is
@@ -76,6 +80,14 @@ type Config struct {
 	// Relay makes every agent serve Hubble's peer service and gRPC on
 	// :4244 (plain text), which hubble-relay needs.
 	Relay bool
+	// Routing is the agents' routing mode (RoutingTunnel when empty).
+	Routing Routing
+	// ServiceLB is what translates ClusterIPs (ServiceLBNone when empty;
+	// ServiceLBKubeProxy starts kube-proxy on every node).
+	ServiceLB ServiceLB
+	// KubeProxy is the kube-proxy binary for ServiceLBKubeProxy (default:
+	// kube-proxy beside the Cilium folder, .tools/bin/kube-proxy).
+	KubeProxy string
 	// Logf receives the lab's progress lines; nil discards them.
 	Logf func(format string, args ...any)
 	// ID names everything the lab makes (zwl<ID>...): up to 4 letters or
@@ -156,6 +168,20 @@ func Start(ctx context.Context, cfg Config) (l *Lab, err error) {
 	if len(id) > 4 {
 		return nil, fmt.Errorf("lab id %q: at most 4 characters (interface names)", id)
 	}
+	if _, err := cfg.routingArgs(); err != nil {
+		return nil, err
+	}
+	if _, err := cfg.serviceArgs(); err != nil {
+		return nil, err
+	}
+	if cfg.ServiceLB == ServiceLBKubeProxy {
+		if _, err := os.Stat(cfg.kubeProxyBin()); err != nil {
+			return nil, fmt.Errorf("kube-proxy: %w (make tools builds it)", err)
+		}
+		if _, err := exec.LookPath("iptables-restore"); err != nil {
+			return nil, fmt.Errorf("kube-proxy's iptables mode needs iptables (make tools installs it): %w", err)
+		}
+	}
 	l = &Lab{cfg: cfg, ID: id, pods: map[string]*Pod{}, Version: agentVersion(cfg.Cilium)}
 	l.Bridge = "zwl" + l.ID
 	l.HostIP = bridgeNet.Addr()
@@ -210,6 +236,13 @@ func Start(ctx context.Context, cfg Config) (l *Lab, err error) {
 	for _, n := range l.Nodes {
 		if err := n.waitNodes(ctx, len(l.Nodes)); err != nil {
 			return l, fmt.Errorf("node %s: %w", n.Name, err)
+		}
+	}
+	if cfg.ServiceLB == ServiceLBKubeProxy {
+		for _, n := range l.Nodes {
+			if err := n.startKubeProxy(ctx, cfg.kubeProxyBin()); err != nil {
+				return l, fmt.Errorf("node %s: %w", n.Name, err)
+			}
 		}
 	}
 	l.StartTime = time.Since(began)

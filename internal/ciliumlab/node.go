@@ -39,6 +39,9 @@ type Node struct {
 	// AgentMetrics is the agent's Prometheus endpoint (host:port on the bridge).
 	AgentMetrics string
 
+	// cgroup is the node's cgroup root on the host (the agent's
+	// --cgroup-root inside the node); the pods' cgroups are under it.
+	cgroup   string
 	holder   *exec.Cmd // keeps the mount namespace
 	agent    *Proc
 	restarts int
@@ -175,6 +178,13 @@ func (l *Lab) addNode(ctx context.Context, i int, spec NodeSpec) (*Node, error) 
 		return nil, err
 	}
 	l.onUndo("cgroup "+cg, func() error { return os.Remove(filepath.Join(root, cg)) })
+	n.cgroup = filepath.Join(root, cg)
+	// The kubelet's parent of the pods' cgroups (cgroupfs driver).
+	kubepods := filepath.Join(n.cgroup, "kubepods")
+	if err := os.Mkdir(kubepods, 0o755); err != nil {
+		return nil, err
+	}
+	l.onUndo("cgroup "+kubepods, func() error { return os.Remove(kubepods) })
 	// The mount namespace and its holder.
 	holder := exec.Command("ip", "netns", "exec", n.NetNS, "sh", "-c", holderScript, "holder", n.Dir, cg)
 	holder.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
@@ -325,10 +335,9 @@ func (n *Node) agentArgs(kubeconfig string) []string {
 		"--devices=eth0",
 		"--ipam=kubernetes", "--k8s-require-ipv4-pod-cidr=true",
 		"--enable-ipv4=true", "--enable-ipv6=false",
-		"--routing-mode=tunnel", "--tunnel-protocol=vxlan",
 		"--enable-l7-proxy=false",
 		"--enable-health-checking=false", "--enable-endpoint-health-checking=false",
-		"--enable-ipv4-masquerade=false", "--kube-proxy-replacement=false",
+		"--enable-ipv4-masquerade=false",
 		"--identity-allocation-mode=crd",
 		"--cluster-name=default", "--cluster-id=0",
 		"--enable-hubble=true", "--hubble-socket-path=/var/run/cilium/hubble.sock",
@@ -339,6 +348,11 @@ func (n *Node) agentArgs(kubeconfig string) []string {
 		// lab's ground truth.
 		"--prometheus-serve-addr=" + n.AgentMetrics,
 	}
+	// The routing mode and the Service path (checked by Start).
+	routing, _ := n.lab.cfg.routingArgs()
+	services, _ := n.lab.cfg.serviceArgs()
+	args = append(args, routing...)
+	args = append(args, services...)
 	if n.lab.cfg.Relay {
 		args = append(args, "--hubble-listen-address=:4244", "--hubble-disable-tls=true")
 	} else {

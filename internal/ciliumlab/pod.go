@@ -11,11 +11,9 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"time"
 
-	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -49,6 +47,8 @@ type Pod struct {
 	NetNS       string // ip netns name
 	containerID string
 	deleted     bool
+	// sandbox makes the pod's sockets in the pod's cgroup and namespace.
+	sandbox *sandbox
 	// Scheduled is the scheduler's record of the binding, for a pod the
 	// lab left to a scheduler (SchedulePods): the Scheduled event's
 	// reporting controller and message ("Successfully assigned ns/pod to
@@ -154,6 +154,10 @@ func (l *Lab) wire(ctx context.Context, p *Pod, created *corev1.Pod) error {
 		return err
 	}
 	p.IP = pfx.Addr()
+	// The containers start: the pod's processes in its cgroup.
+	if err := l.startSandbox(ctx, p); err != nil {
+		return err
+	}
 	l.Logf("pod %s on %s: %s (CNI ADD %s)", p.Ref(), n.Name, p.IP, time.Since(began).Round(time.Millisecond))
 
 	now := metav1.Now()
@@ -223,6 +227,12 @@ func (p *Pod) Delete(ctx context.Context) error {
 		return fmt.Errorf("deleting pod %s: %w", p.Ref(), err)
 	}
 	time.Sleep(ContainerStop)
+	if err := p.sandbox.stop(); err != nil {
+		return err
+	}
+	if err := p.sandbox.removeCgroup(); err != nil {
+		return err
+	}
 	if _, err := p.cni(ctx, "DEL"); err != nil {
 		return err
 	}
@@ -307,45 +317,17 @@ func (p *Pod) endpoint(ctx context.Context) (*agentEndpoint, string) {
 	return nil, "no endpoint with " + p.IP.String()
 }
 
-// inNetNS runs fn on an OS thread switched into the pod's network
-// namespace: sockets fn makes belong to the pod (what a process in the pod
-// would open). The thread is never switched back; it ends with fn.
-func (p *Pod) inNetNS(fn func() error) error {
-	f, err := os.Open(filepath.Join("/run/netns", p.NetNS))
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread() // not unlocked: the thread exits with the goroutine
-		if err := unix.Setns(int(f.Fd()), unix.CLONE_NEWNET); err != nil {
-			errc <- fmt.Errorf("setns into %s: %w", p.NetNS, err)
-			return
-		}
-		errc <- fn()
-	}()
-	return <-errc
-}
-
-// Listen opens a TCP listener on the pod's IP.
+// Listen opens a TCP listener on the pod's IP, made by the pod's own
+// process (its cgroup and network namespace).
 func (p *Pod) Listen(port int) (net.Listener, error) {
-	var ln net.Listener
-	err := p.inNetNS(func() (err error) {
-		ln, err = net.Listen("tcp4", net.JoinHostPort(p.IP.String(), strconv.Itoa(port)))
-		return err
-	})
-	return ln, err
+	return p.sandbox.listen(net.JoinHostPort(p.IP.String(), strconv.Itoa(port)))
 }
 
-// Dial connects from the pod to addr within timeout.
+// Dial connects from the pod to addr within timeout: the pod's own
+// process connects, so Cilium's socket LB (cgroup/connect4) sees it as it
+// sees a container's connect.
 func (p *Pod) Dial(addr string, timeout time.Duration) (net.Conn, error) {
-	var c net.Conn
-	err := p.inNetNS(func() (err error) {
-		c, err = net.DialTimeout("tcp4", addr, timeout)
-		return err
-	})
-	return c, err
+	return p.sandbox.dial(addr, timeout)
 }
 
 // DisableIPv6 turns IPv6 off in the pod (what a cluster with Cilium's IPv6

@@ -23,6 +23,10 @@ type Exchange struct {
 	// DialTimeout bounds one connection attempt. Below the kernel's first
 	// SYN retransmission (1 s), a blocked attempt is exactly one SYN.
 	DialTimeout time.Duration
+	// Addr, when set, is where the workers connect instead of the
+	// coordinator's pod IP and RendezvousPort: a Service's VIP and port
+	// (Service.Addr) in front of it.
+	Addr string
 }
 
 // Result is the ground truth of an exchange: what the processes sent and
@@ -51,8 +55,12 @@ type Server struct {
 }
 
 // Serve starts the coordinator's listener on RendezvousPort.
-func (p *Pod) Serve(up, down int) (*Server, error) {
-	ln, err := p.Listen(RendezvousPort)
+func (p *Pod) Serve(up, down int) (*Server, error) { return p.ServePort(RendezvousPort, up, down) }
+
+// ServePort starts a listener on port that, per step, reads up bytes and
+// writes down bytes back (a coordinator, a dataset server).
+func (p *Pod) ServePort(port, up, down int) (*Server, error) {
+	ln, err := p.Listen(port)
 	if err != nil {
 		return nil, err
 	}
@@ -107,6 +115,13 @@ func (s *Server) Close() error {
 	return err
 }
 
+// Sent returns the bytes the server wrote to ip.
+func (s *Server) Sent(ip string) int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.sent[ip]
+}
+
 // Received returns the bytes the coordinator read from ip.
 func (s *Server) Received(ip string) int64 {
 	s.mu.Lock()
@@ -122,6 +137,9 @@ func (e Exchange) Run(ctx context.Context, coordinator *Pod, workers []*Pod, att
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	addr := net.JoinHostPort(coordinator.IP.String(), strconv.Itoa(RendezvousPort))
+	if e.Addr != "" {
+		addr = e.Addr
+	}
 	for _, w := range workers {
 		wg.Add(1)
 		go func() {
