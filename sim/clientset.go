@@ -7,6 +7,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	resourcev1 "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -18,6 +19,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	fakecorev1 "k8s.io/client-go/kubernetes/typed/core/v1/fake"
+	typeddiscoveryv1 "k8s.io/client-go/kubernetes/typed/discovery/v1"
+	fakediscoveryv1 "k8s.io/client-go/kubernetes/typed/discovery/v1/fake"
 	typedresourcev1 "k8s.io/client-go/kubernetes/typed/resource/v1"
 	fakeresourcev1 "k8s.io/client-go/kubernetes/typed/resource/v1/fake"
 	"k8s.io/client-go/testing"
@@ -25,8 +28,8 @@ import (
 
 // Clientset returns a fake clientset holding the scenario's nodes and
 // pods, so the exporter's real informers run against it. It serves what
-// the exporter asks of a cluster: core/v1, resource.k8s.io/v1 and
-// discovery, from client-go's object tracker, as client-go's fake
+// the exporter asks of a cluster: core/v1 (Services too),
+// discovery.k8s.io/v1 (EndpointSlices), resource.k8s.io/v1 and discovery, from client-go's object tracker, as client-go's fake
 // clientset does. It is not that clientset: that one brings the fake
 // client of every API group into the exporter's binary (13 MiB more of
 // resident binary pages, docs/performance.md). Another group's client is
@@ -34,7 +37,7 @@ import (
 func Clientset(s *Scenario) kubernetes.Interface {
 	scheme := runtime.NewScheme()
 	metav1.AddToGroupVersion(scheme, schema.GroupVersion{Version: "v1"})
-	for _, add := range []func(*runtime.Scheme) error{corev1.AddToScheme, resourcev1.AddToScheme} {
+	for _, add := range []func(*runtime.Scheme) error{corev1.AddToScheme, discoveryv1.AddToScheme, resourcev1.AddToScheme} {
 		if err := add(scheme); err != nil {
 			panic(err) // registering the API's own types
 		}
@@ -78,6 +81,10 @@ func (c *clientset) Discovery() discovery.DiscoveryInterfaces { return c.discove
 
 func (c *clientset) CoreV1() typedcorev1.CoreV1Interface {
 	return &fakecorev1.FakeCoreV1{Fake: &c.Fake}
+}
+
+func (c *clientset) DiscoveryV1() typeddiscoveryv1.DiscoveryV1Interface {
+	return &fakediscoveryv1.FakeDiscoveryV1{Fake: &c.Fake}
 }
 
 func (c *clientset) ResourceV1() typedresourcev1.ResourceV1Interface {
