@@ -412,6 +412,12 @@ func oldAdvice(j *schedlab.Job) {
 // analyze on them and returns the job's suggested fix ("" when it is not
 // split).
 func analyzeFix(ctx context.Context, lab *schedlab.Lab, cell, ns string, j *schedlab.Job, podGroups ...PodGroups) (string, error) {
+	return analyzeFixOf(ctx, lab, cell, ns, j, false, podGroups...)
+}
+
+// analyzeFixOf is analyzeFix; anyKind takes the job of the namespace
+// whatever kind analyze names it.
+func analyzeFixOf(ctx context.Context, lab *schedlab.Lab, cell, ns string, j *schedlab.Job, anyKind bool, podGroups ...PodGroups) (string, error) {
 	nodeItems, podItems, err := schedlab.ListItems(ctx, lab.Client, schedlab.LabelCell+"="+cell, ns)
 	if err != nil {
 		return "", err
@@ -454,7 +460,7 @@ func analyzeFix(ctx context.Context, lab *schedlab.Lab, cell, ns string, j *sche
 	}
 	for _, job := range rep.Jobs {
 		if job.Namespace == ns {
-			if job.JobKind != j.Shape.Kind {
+			if job.JobKind != j.Shape.Kind && !anyKind {
 				return "", fmt.Errorf("analyze names the job %s %s, want kind %s", job.JobKind, job.JobName, j.Shape.Kind)
 			}
 			return job.SuggestedFix, nil

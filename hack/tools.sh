@@ -44,6 +44,11 @@ CILIUM118_VERSION=v1.18.11
 ACTIONLINT_VERSION=v1.7.12
 # Release tools, built only with --release (make sbom, make push): the SBOM
 # generator and crane, which pushes the image index.
+# Kueue (internal/kueuelab: its manager against the test apiserver, TAS);
+# its CRDs and webhook configuration from the same module, and the CRDs of
+# the training controllers at the versions its go.mod requires (analyze's
+# CRD check).
+KUEUE_VERSION=v0.17.0
 CYCLONEDX_GOMOD_VERSION=v1.10.0
 CRANE_VERSION=v0.22.1
 release=0
@@ -243,8 +248,44 @@ prometheus_operator() {
   rm -rf "$w"
 }
 
+# Kueue's manager from its module (go install works: its go.mod replaces
+# nothing), stripped. Beside it: crds/ (Kueue's), webhook.yaml (its
+# webhook configurations, registered by URL in the test) and
+# controller-crds/ (PyTorchJob, MPIJob, JobSet, TrainJob runtimes,
+# RayCluster, LeaderWorkerSet CRDs at the versions Kueue requires).
+kueue() {
+  local v=$KUEUE_VERSION
+  local dir=$tools/kueue-$v
+  if [ -x "$dir/kueue" ] && [ -f "$dir/.done" ]; then return; fi
+  log "building kueue $v (cold: about 4 minutes)"
+  rm -rf "$dir.tmp"; mkdir -p "$dir.tmp/crds" "$dir.tmp/controller-crds"
+  GOBIN="$dir.tmp" GOFLAGS=-buildvcs=false CGO_ENABLED=0 go install -trimpath \
+    -ldflags "-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion=$v" "sigs.k8s.io/kueue/cmd/kueue@$v"
+  local src
+  src=$(go mod download -json "sigs.k8s.io/kueue@$v" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')
+  cp "$src"/config/components/crd/bases/*.yaml "$dir.tmp/crds/"
+  cp "$src/config/components/webhook/manifests.yaml" "$dir.tmp/webhook.yaml"
+  local m f mv mdir
+  for pair in github.com/kubeflow/training-operator:manifests/base/crds/kubeflow.org_pytorchjobs.yaml \
+    github.com/kubeflow/mpi-operator:manifests/base/kubeflow.org_mpijobs.yaml \
+    sigs.k8s.io/jobset:config/components/crd/bases/jobset.x-k8s.io_jobsets.yaml \
+    github.com/kubeflow/trainer/v2:manifests/base/crds/trainer.kubeflow.org_clustertrainingruntimes.yaml \
+    github.com/ray-project/kuberay/ray-operator:config/crd/bases/ray.io_rayclusters.yaml \
+    sigs.k8s.io/lws:config/crd/bases/leaderworkerset.x-k8s.io_leaderworkersets.yaml; do
+    m=${pair%%:*} f=${pair#*:}
+    mv=$(awk -v m="$m" '$1 == m {print $2; exit}' "$src/go.mod")
+    mdir=$(go mod download -json "$m@$mv" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')
+    cp "$mdir/$f" "$dir.tmp/controller-crds/"
+    echo "$m $mv $f" >>"$dir.tmp/controller-crds/VERSIONS"
+  done
+  chmod -R u+w "$dir.tmp"
+  touch "$dir.tmp/.done"
+  rm -rf "$dir"; mv "$dir.tmp" "$dir"
+}
+
 etcd_bin
 kube_components
+kueue
 cilium
 cilium118
 prometheus_operator
@@ -287,6 +328,10 @@ ln -sf "$tools/prometheus-operator-$PROMETHEUS_OPERATOR_VERSION/operator" "$tool
 # The Cilium lab reads its folder (binaries, lib/bpf, llvm/) through this link.
 ln -sfn "$tools/cilium-$CILIUM_VERSION" "$tools/bin/cilium"
 ln -sfn "$tools/cilium-$CILIUM118_VERSION" "$tools/bin/cilium-1.18"
+# Kueue's manager and, through the folder link, its CRDs and webhook
+# configuration.
+ln -sf "$tools/kueue-$KUEUE_VERSION/kueue" "$tools/bin/kueue"
+ln -sfn "$tools/kueue-$KUEUE_VERSION" "$tools/bin/kueue.d"
 log "ready in $tools/bin"
 echo "$tools/bin"
 exit

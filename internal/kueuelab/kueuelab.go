@@ -1,0 +1,455 @@
+// Package kueuelab runs the real Kueue manager (built by hack/tools.sh from
+// sigs.k8s.io/kueue at the pinned version) against a schedlab cluster:
+// its CRDs and webhook configurations from the same module, its webhook
+// server on loopback with a test CA and registered with the test apiserver
+// by URL, only the plain-pod integration (no training controller runs in
+// the lab), topology-aware scheduling on (beta, on by default in v0.17).
+package kueuelab
+
+import (
+	"bytes"
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/base64"
+	"encoding/pem"
+	"fmt"
+	"math/big"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/client-go/dynamic"
+
+	"github.com/zonewatch/zonewatch/internal/schedlab"
+	"github.com/zonewatch/zonewatch/internal/testenv"
+)
+
+// Kueue's names, as sigs.k8s.io/kueue v0.17.0 spells them
+// (apis/kueue/v1beta2/topology_types.go, pkg/controller/jobs/pod/constants).
+const (
+	APIVersion              = "kueue.x-k8s.io/v1beta2"
+	QueueLabel              = "kueue.x-k8s.io/queue-name"
+	PodGroupNameLabel       = "kueue.x-k8s.io/pod-group-name"
+	PodGroupTotalAnnotation = "kueue.x-k8s.io/pod-group-total-count"
+	RequiredTopology        = "kueue.x-k8s.io/podset-required-topology"
+	PreferredTopology       = "kueue.x-k8s.io/podset-preferred-topology"
+	PodSetGroupName         = "kueue.x-k8s.io/podset-group-name"
+	AdmissionGate           = "kueue.x-k8s.io/admission"
+	TopologyGate            = "kueue.x-k8s.io/topology"
+	ManagedLabel            = "kueue.x-k8s.io/managed"
+	// NamespaceLabel (="true") puts a namespace under Kueue: its
+	// managedJobsNamespaceSelector and the pod webhook's namespaceSelector.
+	// Elsewhere pods are Kueue's business not at all (its pod webhook walks
+	// the controller owner of any pod in a managed namespace).
+	NamespaceLabel = "kueuelab.zonewatch.io/managed"
+)
+
+// Lab is a schedlab cluster with Kueue's manager reconciling it.
+type Lab struct {
+	*schedlab.Lab
+	Dyn dynamic.Interface
+	Log string
+}
+
+var (
+	crdGVR = schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}
+	// GVRs of Kueue's objects.
+	TopologyGVR  = schema.GroupVersionResource{Group: "kueue.x-k8s.io", Version: "v1beta2", Resource: "topologies"}
+	FlavorGVR    = schema.GroupVersionResource{Group: "kueue.x-k8s.io", Version: "v1beta2", Resource: "resourceflavors"}
+	CQGVR        = schema.GroupVersionResource{Group: "kueue.x-k8s.io", Version: "v1beta2", Resource: "clusterqueues"}
+	LQGVR        = schema.GroupVersionResource{Group: "kueue.x-k8s.io", Version: "v1beta2", Resource: "localqueues"}
+	WorkloadGVR  = schema.GroupVersionResource{Group: "kueue.x-k8s.io", Version: "v1beta2", Resource: "workloads"}
+	mutatingGVR  = schema.GroupVersionResource{Group: "admissionregistration.k8s.io", Version: "v1", Resource: "mutatingwebhookconfigurations"}
+	validateGVR  = schema.GroupVersionResource{Group: "admissionregistration.k8s.io", Version: "v1", Resource: "validatingwebhookconfigurations"}
+	webhookKinds = []string{"MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"}
+)
+
+// Start starts the lab (schedlab.Start) and Kueue's manager against it.
+// The manager insists on a metrics certificate at
+// /etc/kueue/metrics/certs when its internal certificate management is off
+// (cmd/kueue/main.go): it runs in a private mount namespace where an
+// overlay on /etc adds that folder, so the host's /etc is not touched.
+func Start(t testing.TB) *Lab {
+	t.Helper()
+	bin := testenv.ToolsBin(t, "etcd", "kube-apiserver", "kube-scheduler", "kueue", "kueue.d")
+	testenv.Root(t, "Kueue's manager runs in a private mount namespace (its metrics certificate path is fixed under /etc)")
+	if _, err := exec.LookPath("unshare"); err != nil {
+		testenv.Unmet(t, "unshare (util-linux) not found")
+	}
+	lab := schedlab.Start(t)
+	dyn, err := dynamic.NewForConfig(lab.API.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	kd := filepath.Join(bin, "kueue.d")
+	crds, err := filepath.Glob(filepath.Join(kd, "crds", "*.yaml"))
+	if err != nil || len(crds) == 0 {
+		t.Fatalf("no Kueue CRDs in %s/crds (%v)", kd, err)
+	}
+	if err := InstallCRDs(ctx, dyn, crds...); err != nil {
+		t.Fatal(err)
+	}
+	if err := lab.EnsureNamespace(ctx, "kueue-system", nil); err != nil {
+		t.Fatal(err)
+	}
+
+	dir := t.TempDir()
+	ca, caPEM := newCA(t)
+	certDir := filepath.Join(dir, "webhook-certs")
+	metricsDir := filepath.Join(dir, "metrics-certs")
+	for _, d := range []string{certDir, metricsDir} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		writeServing(t, ca, d)
+	}
+	webhookPort, healthPort, metricsPort := testenv.FreePort(t), testenv.FreePort(t), testenv.FreePort(t)
+	cfg := fmt.Sprintf(`apiVersion: config.kueue.x-k8s.io/v1beta2
+kind: Configuration
+namespace: kueue-system
+health:
+  healthProbeBindAddress: 127.0.0.1:%d
+metrics:
+  bindAddress: 127.0.0.1:%d
+webhook:
+  host: 127.0.0.1
+  port: %d
+  certDir: %s
+leaderElection:
+  leaderElect: false
+internalCertManagement:
+  enable: false
+manageJobsWithoutQueueName: false
+managedJobsNamespaceSelector:
+  matchLabels:
+    %s: "true"
+integrations:
+  frameworks: ["pod"]
+`, healthPort, metricsPort, webhookPort, certDir, NamespaceLabel)
+	cfgPath := filepath.Join(dir, "kueue-config.yaml")
+	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	over := filepath.Join(dir, "etc-overlay")
+	script := strings.Join([]string{
+		"set -e",
+		"mount -t tmpfs tmpfs " + over,
+		"mkdir -p " + over + "/u/kueue/metrics/certs " + over + "/w",
+		"cp " + metricsDir + "/tls.crt " + metricsDir + "/tls.key " + over + "/u/kueue/metrics/certs/",
+		"mount -t overlay overlay -o lowerdir=/etc,upperdir=" + over + "/u,workdir=" + over + "/w /etc",
+		"exec " + filepath.Join(bin, "kueue") + " --config " + cfgPath + " --feature-gates=VisibilityOnDemand=false --zap-log-level=2",
+	}, "\n")
+	if err := os.MkdirAll(over, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	cmd := testenv.Start(t, dir, "kueue", "unshare", "-m", "--propagation", "private", "env", "KUBECONFIG="+lab.API.Kubeconfig, "sh", "-c", script)
+	_ = cmd
+	if err := registerWebhooks(ctx, dyn, filepath.Join(kd, "webhook.yaml"), webhookPort, caPEM); err != nil {
+		t.Fatal(err)
+	}
+	l := &Lab{Lab: lab, Dyn: dyn, Log: filepath.Join(dir, "kueue.log")}
+	if err := l.waitWebhook(ctx); err != nil {
+		b, _ := os.ReadFile(l.Log)
+		t.Fatalf("Kueue's webhook: %v\n--- kueue log (tail) ---\n%s", err, tailBytes(b, 6000))
+	}
+	return l
+}
+
+func tailBytes(b []byte, n int) []byte {
+	if len(b) > n {
+		return b[len(b)-n:]
+	}
+	return b
+}
+
+// InstallCRDs creates the CRDs of the YAML files and waits until they are
+// established.
+func InstallCRDs(ctx context.Context, dyn dynamic.Interface, files ...string) error {
+	var names []string
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			return err
+		}
+		d := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(b), 4096)
+		for {
+			var m map[string]any
+			if err := d.Decode(&m); err != nil {
+				if err.Error() == "EOF" {
+					break
+				}
+				return fmt.Errorf("%s: %w", f, err)
+			}
+			if m["kind"] != "CustomResourceDefinition" {
+				continue
+			}
+			crd := &unstructured.Unstructured{Object: m}
+			if _, err := dyn.Resource(crdGVR).Create(ctx, crd, metav1.CreateOptions{}); err != nil {
+				return fmt.Errorf("installing CRD %s: %w", crd.GetName(), err)
+			}
+			names = append(names, crd.GetName())
+		}
+	}
+	for _, name := range names {
+		for {
+			crd, err := dyn.Resource(crdGVR).Get(ctx, name, metav1.GetOptions{})
+			if err == nil && established(crd) {
+				break
+			}
+			if ctx.Err() != nil {
+				return fmt.Errorf("CRD %s not established: %v", name, err)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	return nil
+}
+
+func established(crd *unstructured.Unstructured) bool {
+	conds, _, _ := unstructured.NestedSlice(crd.Object, "status", "conditions")
+	for _, c := range conds {
+		if c, _ := c.(map[string]any); c["type"] == "Established" && c["status"] == "True" {
+			return true
+		}
+	}
+	return false
+}
+
+// registerWebhooks creates Kueue's webhook configurations from its module,
+// each webhook pointed at the loopback server by URL with the test CA. Only
+// the webhooks of what this manager serves are kept: pods and Kueue's own
+// kinds (the others belong to integrations that are off, and their
+// failurePolicy Fail would refuse those objects).
+func registerWebhooks(ctx context.Context, dyn dynamic.Interface, path string, port int, caPEM []byte) error {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	d := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(b), 4096)
+	for {
+		var m map[string]any
+		if err := d.Decode(&m); err != nil {
+			if err.Error() == "EOF" {
+				return nil
+			}
+			return err
+		}
+		kind, _ := m["kind"].(string)
+		gvr := mutatingGVR
+		switch kind {
+		case webhookKinds[0]:
+		case webhookKinds[1]:
+			gvr = validateGVR
+		default:
+			continue
+		}
+		var keep []any
+		hooks, _ := m["webhooks"].([]any)
+		for _, h := range hooks {
+			hook := h.(map[string]any)
+			cc, _ := hook["clientConfig"].(map[string]any)
+			svc, _ := cc["service"].(map[string]any)
+			p, _ := svc["path"].(string)
+			if !strings.HasSuffix(p, "--v1-pod") && !strings.Contains(p, "-kueue-x-k8s-io-") {
+				continue
+			}
+			hook["clientConfig"] = map[string]any{"url": "https://127.0.0.1:" + strconv.Itoa(port) + p, "caBundle": base64.StdEncoding.EncodeToString(caPEM)}
+			if strings.HasSuffix(p, "--v1-pod") {
+				hook["namespaceSelector"] = map[string]any{"matchLabels": map[string]any{NamespaceLabel: "true"}}
+			}
+			keep = append(keep, hook)
+		}
+		m["webhooks"] = keep
+		if _, err := dyn.Resource(gvr).Create(ctx, &unstructured.Unstructured{Object: m}, metav1.CreateOptions{}); err != nil {
+			return fmt.Errorf("registering %s: %w", kind, err)
+		}
+	}
+}
+
+// waitWebhook creates a queued probe pod until Kueue's webhook answers:
+// the pod comes back gated (kueue.x-k8s.io/admission) and managed.
+func (l *Lab) waitWebhook(ctx context.Context) error {
+	const ns = "kueue-probe"
+	if err := l.EnsureNamespace(ctx, ns, map[string]string{NamespaceLabel: "true"}); err != nil {
+		return err
+	}
+	var last error
+	for i := 0; ; i++ {
+		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("probe-%d", i), Namespace: ns, Labels: map[string]string{QueueLabel: "none"}},
+			Spec: corev1.PodSpec{NodeSelector: map[string]string{schedlab.LabelCell: "none"}, Containers: []corev1.Container{{Name: "c", Image: "registry.example.com/x:1"}}}}
+		got, err := l.Client.CoreV1().Pods(ns).Create(ctx, p, metav1.CreateOptions{})
+		if err == nil {
+			if Gated(got, AdmissionGate) && got.Labels[ManagedLabel] == "true" {
+				return nil
+			}
+			last = fmt.Errorf("pod not gated by Kueue: gates %v labels %v", got.Spec.SchedulingGates, got.Labels)
+		} else {
+			last = err
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%w (last: %v)", ctx.Err(), last)
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+// Gated reports whether the pod carries the scheduling gate.
+func Gated(p *corev1.Pod, gate string) bool {
+	for _, g := range p.Spec.SchedulingGates {
+		if g.Name == gate {
+			return true
+		}
+	}
+	return false
+}
+
+// Create creates a Kueue object from a map (apiVersion, kind, metadata, spec).
+func (l *Lab) Create(ctx context.Context, gvr schema.GroupVersionResource, obj map[string]any) error {
+	u := &unstructured.Unstructured{Object: obj}
+	var err error
+	if ns := u.GetNamespace(); ns != "" {
+		_, err = l.Dyn.Resource(gvr).Namespace(ns).Create(ctx, u, metav1.CreateOptions{})
+	} else {
+		_, err = l.Dyn.Resource(gvr).Create(ctx, u, metav1.CreateOptions{})
+	}
+	if err != nil {
+		return fmt.Errorf("creating %s %s: %w", u.GetKind(), u.GetName(), err)
+	}
+	return nil
+}
+
+// Queues creates, for one cell, a Topology of zone and hostname levels, a
+// ResourceFlavor of the cell's GPU nodes in it, a ClusterQueue with room
+// for any job and a LocalQueue "gpu" in namespace.
+func (l *Lab) Queues(ctx context.Context, cell, namespace string) error {
+	name := cell
+	objs := []struct {
+		gvr schema.GroupVersionResource
+		obj map[string]any
+	}{
+		{TopologyGVR, map[string]any{"apiVersion": APIVersion, "kind": "Topology", "metadata": map[string]any{"name": name},
+			"spec": map[string]any{"levels": []any{map[string]any{"nodeLabel": schedlab.LabelZone}, map[string]any{"nodeLabel": schedlab.LabelHostname}}}}},
+		{FlavorGVR, map[string]any{"apiVersion": APIVersion, "kind": "ResourceFlavor", "metadata": map[string]any{"name": name},
+			"spec": map[string]any{"nodeLabels": map[string]any{"nvidia.com/gpu.present": "true", schedlab.LabelCell: cell}, "topologyName": name}}},
+		{CQGVR, map[string]any{"apiVersion": APIVersion, "kind": "ClusterQueue", "metadata": map[string]any{"name": name},
+			"spec": map[string]any{"namespaceSelector": map[string]any{}, "resourceGroups": []any{map[string]any{
+				"coveredResources": []any{"cpu", "memory", string(schedlab.GPUResource)},
+				"flavors": []any{map[string]any{"name": name, "resources": []any{
+					map[string]any{"name": "cpu", "nominalQuota": "1000"},
+					map[string]any{"name": "memory", "nominalQuota": "10Ti"},
+					map[string]any{"name": string(schedlab.GPUResource), "nominalQuota": "1000"},
+				}}},
+			}}}}},
+		{LQGVR, map[string]any{"apiVersion": APIVersion, "kind": "LocalQueue", "metadata": map[string]any{"name": "gpu", "namespace": namespace},
+			"spec": map[string]any{"clusterQueue": name}}},
+	}
+	for _, o := range objs {
+		if err := l.Create(ctx, o.gvr, o.obj); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Workloads returns the namespace's Workloads.
+func (l *Lab) Workloads(ctx context.Context, namespace string) ([]unstructured.Unstructured, error) {
+	list, err := l.Dyn.Resource(WorkloadGVR).Namespace(namespace).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, err
+	}
+	return list.Items, nil
+}
+
+// Admitted reports whether the Workload has condition Admitted=True.
+func Admitted(wl unstructured.Unstructured) bool {
+	conds, _, _ := unstructured.NestedSlice(wl.Object, "status", "conditions")
+	for _, c := range conds {
+		if c, _ := c.(map[string]any); c["type"] == "Admitted" && c["status"] == "True" {
+			return true
+		}
+	}
+	return false
+}
+
+// Condition returns the message of a Workload condition ("" if absent).
+func Condition(wl unstructured.Unstructured, typ string) string {
+	conds, _, _ := unstructured.NestedSlice(wl.Object, "status", "conditions")
+	for _, c := range conds {
+		if c, _ := c.(map[string]any); c["type"] == typ {
+			s, _ := c["message"].(string)
+			return fmt.Sprintf("%v: %s", c["status"], s)
+		}
+	}
+	return ""
+}
+
+// --- certificates ---
+
+type certAuthority struct {
+	cert *x509.Certificate
+	key  *ecdsa.PrivateKey
+}
+
+func newCA(t testing.TB) (certAuthority, []byte) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "kueuelab test CA"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return certAuthority{cert, key}, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
+}
+
+// writeServing writes tls.crt and tls.key for 127.0.0.1, signed by ca.
+func writeServing(t testing.TB, ca certAuthority, dir string) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: "127.0.0.1"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
+		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, DNSNames: []string{"localhost"},
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kb, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "tls.crt"), pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "tls.key"), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kb}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
