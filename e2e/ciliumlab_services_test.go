@@ -289,7 +289,10 @@ func runNativeHardBlock(ctx context.Context, t *testing.T, lab *ciliumlab.Lab, a
 	hubble, kinds := hubbleSends(t, blocked.coordinator, ciliumlab.RendezvousPort, blocked.workers...)
 	t.Logf("hard block (native): %d SYNs; agents' drops %g, zonewatch drops %g; forwarded events zonewatch %g, senders' Hubble %d %v; dropped events %g",
 		res.Attempts, denied, drops, fwd, hubble, kinds, drp)
-	if denied != attempts || fwd != float64(hubble) || drp != denied {
+	// As TestCiliumLab: zonewatch against the agents' counters and
+	// Hubble, not against the attempts (on a loaded machine a SYN is
+	// retransmitted now and then: 6 drops for 5 attempts once).
+	if denied < attempts || fwd != float64(hubble) || drp != denied {
 		t.Errorf("native hard block: agents %g drops for %d SYNs; %g forwarded events (Hubble %d), %g dropped (want %g)", denied, attempts, fwd, hubble, drp, denied)
 	}
 }
