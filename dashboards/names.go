@@ -24,6 +24,7 @@ const (
 	ruleZonePairRTT    = rules.RecZonePairRTT
 	ruleJobPairRTT     = rules.RecJobZonePairRTT
 	ruleJobInZoneRTT   = rules.RecJobInZoneRTT
+	ruleProbeFailures  = rules.RecProbeFailures
 	metricPodInfo      = "zonewatch_job_pod_info"
 	metricJobZones     = "zonewatch_job_zones"
 	metricDrops        = "zonewatch_job_policy_drops_total"

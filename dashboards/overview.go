@@ -183,18 +183,25 @@ func overview(o Options) (dashboard.Dashboard, error) {
 
 // rttMatrix is the zone-pair round trip the exporters' probes measure, p50
 // by source zone (rows) and destination zone (columns); the diagonal is the
-// in-zone baseline. "not measured": zonewatch is scraped but no probe RTT
+// in-zone baseline. "denied by policy": the pair's probes are dropped by a
+// network policy, on either node (RecProbeFailures joins the peer's
+// inbound drops); "not measured": zonewatch is scraped but no probe RTT
 // (probing off, or every probe failing).
 func (g *gen) rttMatrix() *table.PanelBuilder {
+	pair := "src_zone, dst_zone"
+	if g.o.ClusterLabel != "" {
+		pair += ", " + g.o.ClusterLabel
+	}
+	matrix := "-1 * group by (" + pair + ") (" + g.m(ruleProbeFailures, `reason="policy_denied"`) + " > 0)\nor on (" + pair + ") " + g.m(ruleZonePairRTT, `quantile="0.5"`)
 	return table.NewPanelBuilder().
 		Id(g.nextID()).
 		Title("Round trip between zones (probe p50)").
-		Description("Median round trip of a 16-byte probe between exporters, rows the source zone, columns the destination; the diagonal is the in-zone baseline. Every NCCL all-reduce of a split job pays its pair's value: a pair far above the diagonal is where splitting hurts most. Not measured: probing is off or every probe fails (see zonewatch_probe_failures_total).").
+		Description("Median round trip of a 16-byte probe between exporters, rows the source zone, columns the destination; the diagonal is the in-zone baseline. Every NCCL all-reduce of a split job pays its pair's value: a pair far above the diagonal is where splitting hurts most. Denied by policy: a network policy drops the pair's probes, on the prober's node or the peer's (a zone fence also fences zonewatch: docs/runbooks.md, zonewatch's own traffic). Not measured: probing is off or every probe fails (see zonewatch_probe_failures_total).").
 		Datasource(dsRef()).
-		Targets(targets([]query{instantQ(orZero(g.m(ruleZonePairRTT, `quantile="0.5"`), g.self("up")), "")})).
+		Targets(targets([]query{instantQ(orZero(matrix, g.self("up")), "")})).
 		Unit(units.Seconds).
 		Decimals(2).
-		Mappings(notMeasured()).
+		Mappings(valueText("0", "not measured", "text", "-1", "denied by policy", "red")).
 		Height(8).
 		Span(24).
 		CellHeight(common.TableCellHeightSm).

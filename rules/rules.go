@@ -334,6 +334,8 @@ or ` + RecGPUTensorActive)},
 ) * ` + tok("gpuDollarsPerHour"))},
 	}}
 
+	recording.Rules = append(recording.Rules, probeRules()...)
+
 	jobs := group{Name: "zonewatch.jobs", Rules: []rule{
 		alertRule(AlertIdleGPUSplitJob, "critical", "idleGPUSplitJob", condIdleGPUSplitJob,
 			"A training job split across zones is blocked by a network policy while its GPUs sit idle.",

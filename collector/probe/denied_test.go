@@ -136,7 +136,7 @@ func TestProbeDeniedByPolicy(t *testing.T) {
 				if r == tc.want {
 					want = 1
 				}
-				if got := testutil.ToFloat64(m.Failures.WithLabelValues("zone-b", r)); got != want {
+				if got := testutil.ToFloat64(m.Failures.WithLabelValues("zone-a", "zone-b", r)); got != want {
 					t.Errorf("zonewatch_probe_failures_total{reason=%q} = %v, want %v\n%s", r, got, want, log.String())
 				}
 			}
@@ -217,7 +217,7 @@ func TestProbeInboundDeniedByPolicy(t *testing.T) {
 		t.Errorf("after a second round and one more drop: %v, want 3", got)
 	}
 	// The outbound probe itself went through.
-	if got := testutil.ToFloat64(m.Failures.WithLabelValues("zone-a", "timeout")); got != 0 {
+	if got := testutil.ToFloat64(m.Failures.WithLabelValues("zone-b", "zone-a", "timeout")); got != 0 {
 		t.Errorf("the echo peer's probe failed: %v", got)
 	}
 }

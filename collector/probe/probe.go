@@ -87,8 +87,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"src_zone", "dst_zone"}),
 		Failures: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "zonewatch_probe_failures_total",
-			Help: "Probes of peer exporters that failed, by the peer's zone and why (refused, timeout, reset, policy_denied: dropped by a network policy, as the node's Hubble saw it; other).",
-		}, []string{"dst_zone", "reason"}),
+			Help: "Probes of peer exporters that failed, by this exporter's zone, the peer's zone and why (refused, timeout, reset, policy_denied: dropped by a network policy, as this node's Hubble saw it; other).",
+		}, []string{"src_zone", "dst_zone", "reason"}),
 		Sent: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "zonewatch_probe_sent_bytes_total",
 			Help: "Probe payload bytes sent to peer exporters, by the peer's zone (echoed back the same; TCP/IP headers not included).",
@@ -240,7 +240,7 @@ func (p *Prober) Round(ctx context.Context) {
 		// Failure counters start at 0 for every reason, so rate() and
 		// increase() see the first failure.
 		for _, r := range reasons {
-			p.m.Failures.WithLabelValues(peer.Zone, r)
+			p.m.Failures.WithLabelValues(src, peer.Zone, r)
 		}
 		start := time.Now()
 		err := p.probe(ctx, src, peer)
@@ -259,7 +259,7 @@ func (p *Prober) Round(ctx context.Context) {
 			}
 			p.noteDenied(peer, policy, dropped)
 		}
-		p.m.Failures.WithLabelValues(peer.Zone, why).Inc()
+		p.m.Failures.WithLabelValues(src, peer.Zone, why).Inc()
 		p.logger.Debug("probe failed", "peer", peer.Addr, "node", peer.Node, "zone", peer.Zone, "reason", why, "err", err)
 	}
 	p.inbound(ctx, src)

@@ -247,7 +247,9 @@ func TestFailureReasons(t *testing.T) {
 	p := NewProber(Config{Node: "self", Zone: func() string { return "z0" }, PerZone: 1, Count: 2, Timeout: 300 * time.Millisecond}, peers, NewMetrics(reg), slog.New(slog.DiscardHandler))
 	p.Round(context.Background())
 	for zone, want := range map[string]string{"z1": "refused", "z2": "timeout", "z3": "reset"} {
-		if got := counter(t, reg, "zonewatch_probe_failures_total", "dst_zone", zone, "reason", want); got != 1 {
+		// src_zone: the prober's own, which the rules join with the peer's
+		// zonewatch_probe_inbound_denied_total{src_zone}.
+		if got := counter(t, reg, "zonewatch_probe_failures_total", "src_zone", "z0", "dst_zone", zone, "reason", want); got != 1 {
 			t.Errorf("%s: failures{reason=%q} = %v, want 1", zone, want, got)
 		}
 	}
