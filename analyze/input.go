@@ -283,13 +283,29 @@ func loadPods(index *topology.Index, rules []topology.Rule, path string) (*podSe
 	if err != nil {
 		return nil, f.wrap(err)
 	}
+	// The dump need not hold PodGroups at all (a single Pod, a List of
+	// pods): only PodGroups, alone or in a List, are looked at.
 	served := false
-	err = kube.DecodeObjects(bytes.NewReader(f.json), "PodGroup", func(raw json.RawMessage) error {
-		served = served || servesPodGroups(raw)
-		return nil
-	})
-	if err != nil {
-		return nil, f.wrap(err)
+	for dec := json.NewDecoder(bytes.NewReader(f.json)); ; {
+		var doc struct {
+			Kind  string            `json:"kind"`
+			Items []json.RawMessage `json:"items"`
+		}
+		var raw json.RawMessage
+		if dec.Decode(&raw) != nil || json.Unmarshal(raw, &doc) != nil {
+			break // the pod decode above already reported a malformed dump
+		}
+		if doc.Kind == "PodGroup" {
+			served = served || servesPodGroups(raw)
+		}
+		for _, item := range doc.Items {
+			var ik struct {
+				Kind string `json:"kind"`
+			}
+			if json.Unmarshal(item, &ik) == nil && ik.Kind == "PodGroup" {
+				served = served || servesPodGroups(item)
+			}
+		}
 	}
 	for _, j := range jobs {
 		if j.explicit {

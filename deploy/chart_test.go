@@ -24,6 +24,7 @@ import (
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/yaml"
 
+	"github.com/zonewatch/zonewatch/collector/fence"
 	"github.com/zonewatch/zonewatch/collector/gpu"
 	"github.com/zonewatch/zonewatch/collector/kube"
 	"github.com/zonewatch/zonewatch/internal/testenv"
@@ -576,6 +577,9 @@ func readResources() map[string][]string {
 		out[r.Group] = append(out[r.Group], r.Resource)
 	}
 	for _, r := range kube.ServiceResources {
+		out[r.Group] = append(out[r.Group], r.Resource)
+	}
+	for _, r := range fence.ReadResources {
 		out[r.Group] = append(out[r.Group], r.Resource)
 	}
 	return out

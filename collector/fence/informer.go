@@ -24,6 +24,9 @@ var (
 	CNPResource      = schema.GroupVersionResource{Group: "cilium.io", Version: "v2", Resource: "ciliumnetworkpolicies"}
 	CCNPResource     = schema.GroupVersionResource{Group: "cilium.io", Version: "v2", Resource: "ciliumclusterwidenetworkpolicies"}
 	IdentityResource = schema.GroupVersionResource{Group: "cilium.io", Version: "v2", Resource: "ciliumidentities"}
+	// ReadResources are what the fence's informers list and watch (the
+	// chart's ClusterRole grants exactly these; deploy's tests check it).
+	ReadResources = []schema.GroupVersionResource{CNPResource, CCNPResource, IdentityResource}
 )
 
 // cached is what an informer keeps of one object: its parsed policy or
@@ -79,7 +82,7 @@ func NewLive(client dynamic.Interface, set *Set, resync time.Duration, m *Metric
 	}
 	l := &Live{set: set, factory: dynamicinformer.NewDynamicSharedInformerFactory(client, resync), m: m, logger: logger}
 	denied := kube.NewDenials("fence", logger)
-	for _, gvr := range []schema.GroupVersionResource{CNPResource, CCNPResource, IdentityResource} {
+	for _, gvr := range ReadResources {
 		inf := l.factory.ForResource(gvr).Informer()
 		if err := inf.SetTransform(l.transform(gvr)); err != nil {
 			return nil, fmt.Errorf("%s informer transform: %w", gvr.Resource, err)
