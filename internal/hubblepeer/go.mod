@@ -4,6 +4,7 @@ go 1.26.7
 
 require (
 	github.com/cilium/cilium v1.20.2
+	github.com/cilium/hive v1.0.4
 	github.com/google/uuid v1.6.0
 	github.com/gopacket/gopacket v1.6.1
 	github.com/prometheus/client_golang v1.25.0
@@ -20,7 +21,6 @@ require (
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
 	github.com/cilium/dns v1.1.51-0.20240603182237-af788769786a // indirect
 	github.com/cilium/ebpf v0.22.0 // indirect
-	github.com/cilium/hive v1.0.4 // indirect
 	github.com/cilium/lumberjack/v2 v2.4.2 // indirect
 	github.com/cilium/proxy v0.0.0-20260701124752-9c14fdc485a1 // indirect
 	github.com/cilium/statedb v0.8.4 // indirect
