@@ -2,6 +2,7 @@ package conntrack_test
 
 import (
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"strings"
 	"syscall"
@@ -123,5 +124,43 @@ func TestImplausibleDeltaSkipped(t *testing.T) {
 	}
 	if got := selfValue(t, reg, "zonewatch_conntrack_errors_total", "reason", "implausible"); got != 1 {
 		t.Fatalf("implausible errors = %v, want 1", got)
+	}
+}
+
+// deniedLister is the BPF folder as a user without the capability sees
+// it: the listing fails with EACCES before any map is opened.
+type deniedLister struct{ funcSource }
+
+func (deniedLister) List() ([]string, error) {
+	return nil, &fs.PathError{Op: "open", Path: "/sys/fs/bpf/tc/globals", Err: syscall.EACCES}
+}
+
+// TestListingDeniedIsPermission: the exporter run as a user without BPF
+// rights fails at the listing first; the reason, the metric and the one
+// log line must name the permission and its advice, not a read error
+// (the chart test running the exporter as nobody caught it).
+func TestListingDeniedIsPermission(t *testing.T) {
+	var logs logBuf
+	reg := prometheus.NewRegistry()
+	src := deniedLister{funcSource(func(name string) (conntrack.Table, error) {
+		return nil, fmt.Errorf("opening pinned map /sys/fs/bpf/tc/globals/%s: %w", name, syscall.EPERM)
+	})}
+	p, err := conntrack.New(src, newIndex(), conntrack.Config{Node: "n1", Self: reg,
+		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Poll(t0)
+	if p.Up() {
+		t.Fatal("source up")
+	}
+	if got := selfValue(t, reg, "zonewatch_conntrack_errors_total", "reason", "read"); got != 0 {
+		t.Errorf("errors{reason=read} = %v, want 0", got)
+	}
+	if got := selfValue(t, reg, "zonewatch_conntrack_errors_total", "reason", "permission"); got < 1 {
+		t.Errorf("errors{reason=permission} = %v, want the listing and the maps", got)
+	}
+	if out := logs.String(); !strings.Contains(out, "capability BPF") {
+		t.Errorf("log does not give the permission advice:\n%s", out)
 	}
 }

@@ -48,11 +48,17 @@ func (p *Poller) Poll(now time.Time) {
 	var failErr error
 	names, err := p.mapNames()
 	if err != nil {
-		// The listing counts as one more map read that failed.
+		// The listing counts as one more map read that failed: a
+		// permission error is named as such (its advice says how to run
+		// the exporter), anything else is a read error.
 		present++
 		failed++
-		p.m.errors.WithLabelValues(reasonRead).Inc()
-		failReason, failErr = reasonRead, err
+		r := reasonRead
+		if errReason(err) == reasonPermission {
+			r = reasonPermission
+		}
+		p.m.errors.WithLabelValues(r).Inc()
+		failReason, failErr = r, err
 	}
 	for _, name := range names {
 		t, err := p.src.Open(name)
