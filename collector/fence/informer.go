@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -87,7 +89,7 @@ func NewLive(client dynamic.Interface, set *Set, resync time.Duration, m *Metric
 		if err := inf.SetTransform(l.transform(gvr)); err != nil {
 			return nil, fmt.Errorf("%s informer transform: %w", gvr.Resource, err)
 		}
-		if err := denied.Watch(inf, gvr.GroupResource()); err != nil {
+		if err := inf.SetWatchErrorHandlerWithContext(l.watchError(denied, gvr)); err != nil {
 			return nil, fmt.Errorf("%s informer error handler: %w", gvr.Resource, err)
 		}
 		reg, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
@@ -101,6 +103,30 @@ func NewLive(client dynamic.Interface, set *Set, resync time.Duration, m *Metric
 		l.synced = append(l.synced, reg.HasSynced)
 	}
 	return l, nil
+}
+
+// watchError handles a failed list or watch of gvr: an RBAC denial goes
+// through the loud denial handling; a resource the apiserver does not
+// serve (Cilium's CRDs not installed yet, or not Cilium) is said once per
+// resource at warning level, then only at debug, while the informer keeps
+// retrying with its backoff (client-go's handler logs it on every retry);
+// anything else is client-go's.
+func (l *Live) watchError(denied *kube.Denials, gvr schema.GroupVersionResource) cache.WatchErrorHandlerWithContext {
+	var said atomic.Bool
+	return func(ctx context.Context, r *cache.Reflector, err error) {
+		switch {
+		case denied.Note(gvr.GroupResource(), err):
+		case apierrors.IsNotFound(err):
+			level := slog.LevelDebug
+			if said.CompareAndSwap(false, true) {
+				level = slog.LevelWarn
+			}
+			l.logger.Log(ctx, level, "cilium resource not served (are Cilium's CRDs installed?): retrying; default-deny drops name no policy until it is",
+				"resource", gvr.Resource+"."+gvr.Group, "version", gvr.Version)
+		default:
+			cache.DefaultWatchErrorHandler(ctx, r, err)
+		}
+	}
 }
 
 // Run starts the informers and returns once they have synced or ctx ends.
