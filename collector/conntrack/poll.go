@@ -48,15 +48,12 @@ func (p *Poller) Poll(now time.Time) {
 	var failErr error
 	names, err := p.mapNames()
 	if err != nil {
-		// The listing counts as one more map read that failed: a
-		// permission error is named as such (its advice says how to run
-		// the exporter), anything else is a read error.
+		// The listing counts as one more map read that failed, classified
+		// as a map's error is: permission when denied, else read (mapNames
+		// wraps errRead).
 		present++
 		failed++
-		r := reasonRead
-		if errReason(err) == reasonPermission {
-			r = reasonPermission
-		}
+		r := errReason(err)
 		p.m.errors.WithLabelValues(r).Inc()
 		failReason, failErr = r, err
 	}
