@@ -488,72 +488,10 @@ func TestCiliumLabOwnTraffic(t *testing.T) {
 	remove(cns, cname)
 	t.Logf("zonewatch's own traffic under the fences: %s after the test began", time.Since(began).Round(time.Millisecond))
 
-	// The exporter's CPU per Hubble flow (issue 29): one DaemonSet-mode
-	// exporter on cpu-b1, the chart's args and securityContext, under a
-	// burst of short connections from the node's exporter pod to zone a.
-	t.Run("cpu per 100k flows", func(t *testing.T) {
-		n := lab.Node("cpu-b1")
-		bin := exporterBinary(t)
-		id := api.ChartIdentity(t, nil)
-		kc, err := lab.Kubeconfig("exporter", id.Config.BearerToken)
-		if err != nil {
-			t.Fatal(err)
-		}
-		sc := testenv.ChartSecurityContext(t)
-		testenv.CanStartAs(t)
-		argv := sc.Args(bin, chartArgs(t, map[string]string{"--kubeconfig": kc, "--gpu.source": "none"})...)
-		if _, err := n.Start("exporter", []string{"NODE_NAME=" + n.Name}, argv[0], argv[1:]...); err != nil {
-			t.Fatal(err)
-		}
-		addrs := map[string]string{n.Name: net.JoinHostPort(n.IP.String(), "19420")}
-		if !waitReady(t, exporter{node: n.Name, addr: addrs[n.Name]}, 2*time.Minute) {
-			t.Logf("exporter log:\n%s", tailOf(filepath.Join(n.Dir, "exporter.log"), 3000))
-			t.FailNow()
-		}
-		sample := func() (cpu, flows float64, at time.Time) {
-			return sumExporters(t, addrs, "process_cpu_seconds_total", nil),
-				sumExporters(t, addrs, "zonewatch_hubble_flows_processed_total", nil), time.Now()
-		}
-		// Settled: the flows counter still for a second.
-		settle := func() (float64, float64, time.Time) {
-			c0, f0, t0 := sample()
-			for i := 0; i < 30; i++ {
-				time.Sleep(time.Second)
-				c1, f1, t1 := sample()
-				if f1 == f0 {
-					return c1, f1, t1
-				}
-				c0, f0, t0 = c1, f1, t1
-			}
-			return c0, f0, t0
-		}
-		// The idle exporter's own CPU (informers, probes, conntrack
-		// polls) over 10 s, subtracted from the burst's.
-		ci0, fi0, ti0 := settle()
-		time.Sleep(10 * time.Second)
-		ci1, fi1, ti1 := sample()
-		idle := (ci1 - ci0) / ti1.Sub(ti0).Seconds()
-		const conns = 5000
-		c0, f0, t0 := sample()
-		dst := net.JoinHostPort(zw[0].pod.IP.String(), fmt.Sprint(probe.DefaultPort))
-		failed := 0
-		for range conns {
-			c, err := zw[1].pod.Dial(dst, time.Second)
-			if err != nil {
-				failed++
-				continue
-			}
-			c.Close()
-		}
-		c1, f1, t1 := settle()
-		flows, cpu := f1-f0, c1-c0
-		if flows <= 0 {
-			t.Fatalf("the exporter processed no flows of %d connections (%d failed)", conns, failed)
-		}
-		netCPU := cpu - idle*t1.Sub(t0).Seconds()
-		t.Logf("%d connections (%d failed) from %s to %s: %.0f Hubble flows processed in %s; exporter CPU %.2f s (idle %.3f CPU-s/s: %.0f flows and %.2f s over 10 s) -> %.2f CPU-s per 100k flows (%.2f without subtracting idle)",
-			conns, failed, zw[1].pod.Ref(), zw[0].pod.Ref(), flows, t1.Sub(t0).Round(time.Millisecond), cpu, idle, fi1-fi0, ci1-ci0,
-			netCPU/flows*1e5, cpu/flows*1e5)
+	// The whole exporter's CPU per Hubble flow beside the agents' own
+	// (issues 29 and 34): e2e/ciliumlab_flowcpu_test.go.
+	t.Run("cpu per flow", func(t *testing.T) {
+		measureFlowCPU(ctx, t, lab, api, zw[1].pod, zw[0].pod)
 	})
 	t.Logf("TestCiliumLabOwnTraffic: %s", time.Since(began).Round(time.Millisecond))
 }

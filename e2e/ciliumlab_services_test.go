@@ -396,15 +396,10 @@ func workerSends(t *testing.T, worker *ciliumlab.Pod) (map[netip.Addr]int, map[s
 	return out, points
 }
 
-type seriesValue struct {
-	labels map[string]string
-	value  float64
-}
-
 // seriesOfValues is every exporter's series of metric matching labels.
-func seriesOfValues(t *testing.T, addrs map[string]string, metric string, match map[string]string) []seriesValue {
+func seriesOfValues(t *testing.T, addrs map[string]string, metric string, match map[string]string) []dtoSeries {
 	t.Helper()
-	var out []seriesValue
+	var out []dtoSeries
 	for node, addr := range addrs {
 		fams, err := scrapeExporter(addr)
 		if err != nil {
@@ -421,7 +416,7 @@ func seriesOfValues(t *testing.T, addrs map[string]string, metric string, match 
 					continue next
 				}
 			}
-			out = append(out, seriesValue{s.labels, s.value})
+			out = append(out, s)
 		}
 	}
 	return out
