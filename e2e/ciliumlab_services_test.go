@@ -123,6 +123,10 @@ func runServicePath(t *testing.T, lb ciliumlab.ServiceLB, routing ciliumlab.Rout
 			t.Fatal(err)
 		}
 	}
+	// The per-node view places remote peers through the ipcache: in
+	// native routing as in tunnel mode, every remote pod's entry names
+	// its node (issue 34).
+	t.Run("ipcache names every remote pod's node", func(t *testing.T) { checkIPCacheNodes(ctx, t, lab, all) })
 	t.Logf("pods, Services (%s %s, %s %s) and datapath ready %s after the test began", rdzv.Ref(), rdzv.Addr(), ds.Ref(), ds.Addr(),
 		time.Since(began).Round(time.Millisecond))
 

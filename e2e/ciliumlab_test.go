@@ -248,6 +248,15 @@ type labScenario struct {
 	blockedJob *schedlab.Job
 }
 
+// pods are every pod of the scenario's three jobs.
+func (sc *labScenario) pods() []*ciliumlab.Pod {
+	var pods []*ciliumlab.Pod
+	for _, j := range []*labJob{sc.blocked, sc.slow, sc.healthy} {
+		pods = append(pods, j.pods()...)
+	}
+	return pods
+}
+
 func startLabScenario(ctx context.Context, t *testing.T, lab *ciliumlab.Lab) *labScenario {
 	t.Helper()
 	// The fence first, as a cluster has it before the jobs come.
@@ -805,7 +814,7 @@ func TestCiliumLab(t *testing.T) {
 
 	t.Run("drops", func(t *testing.T) { checkLabDrops(t, addrs, sc, denied) })
 	t.Run("bytes", func(t *testing.T) { checkLabBytes(t, lab, addrs, sc, results) })
-	t.Run("ipcache names every remote pod's node", func(t *testing.T) { checkIPCacheNodes(ctx, t, lab, sc) })
+	t.Run("ipcache names every remote pod's node", func(t *testing.T) { checkIPCacheNodes(ctx, t, lab, sc.pods()) })
 
 	t.Run("flows", func(t *testing.T) {
 		for i, j := range []*labJob{slow, healthy} {

@@ -45,7 +45,7 @@ func TestCiliumLabV118(t *testing.T) {
 			t.Errorf("%g of %d exporters read the combined layout: %v", n, len(addrs), seriesOf(t, addrs, "zonewatch_conntrack_layout_info", nil))
 		}
 	})
-	t.Run("ipcache names every remote pod's node", func(t *testing.T) { checkIPCacheNodes(ctx, t, lab, sc) })
+	t.Run("ipcache names every remote pod's node", func(t *testing.T) { checkIPCacheNodes(ctx, t, lab, sc.pods()) })
 }
 
 // labRun is what the scenario's traffic did: the blocked job's attempts,
@@ -152,14 +152,10 @@ func checkLabBytes(t *testing.T, lab *ciliumlab.Lab, addrs map[string]string, sc
 
 // checkIPCacheNodes reads every node's own ipcache (its pinned
 // cilium_ipcache_v2, through collector/ipcache) and requires, for every
-// pod of the scenario, its identity and: on another node, that node's IP
+// pod given, its identity and: on another node, that node's IP
 // as the entry's node; on this node, none. Node addresses carry identity
 // remote-node (others) and host (itself).
-func checkIPCacheNodes(ctx context.Context, t *testing.T, lab *ciliumlab.Lab, sc *labScenario) {
-	var pods []*ciliumlab.Pod
-	for _, j := range []*labJob{sc.blocked, sc.slow, sc.healthy} {
-		pods = append(pods, j.pods()...)
-	}
+func checkIPCacheNodes(ctx context.Context, t *testing.T, lab *ciliumlab.Lab, pods []*ciliumlab.Pod) {
 	ids := map[*ciliumlab.Pod]uint32{}
 	for _, p := range pods {
 		id, err := p.Identity(ctx)
@@ -220,7 +216,7 @@ func checkIPCacheNodes(ctx context.Context, t *testing.T, lab *ciliumlab.Lab, sc
 			t.Errorf("%s: read %q, want %s", n.Name, mapName, ipcache.MapV2)
 		}
 		world, _ := r.Lookup(netip.MustParseAddr("192.0.2.1"))
-		t.Logf("ipcache of %s (%s, %d entries): %d remote pods name their node, %d local pods none, %d nodes as remote-node/host; 192.0.2.1 -> %+v",
-			n.Name, mapName, r.Len(), remote, local, len(lab.Nodes), world)
+		t.Logf("ipcache of %s (%s, %s routing, %d entries): %d remote pods name their node, %d local pods none, %d nodes as remote-node/host; 192.0.2.1 -> %+v",
+			n.Name, mapName, lab.Routing(), r.Len(), remote, local, len(lab.Nodes), world)
 	}
 }

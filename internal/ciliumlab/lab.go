@@ -260,6 +260,14 @@ func (l *Lab) Node(name string) *Node {
 	return nil
 }
 
+// Routing is the agents' routing mode.
+func (l *Lab) Routing() Routing {
+	if l.cfg.Routing == "" {
+		return RoutingTunnel
+	}
+	return l.cfg.Routing
+}
+
 // Dir is the lab's folder.
 func (l *Lab) Dir() string { return l.cfg.Dir }
 
