@@ -404,24 +404,6 @@ func workerSends(t *testing.T, worker *ciliumlab.Pod) (map[netip.Addr]int, map[s
 func seriesOfValues(t *testing.T, addrs map[string]string, metric string, match map[string]string) []dtoSeries {
 	t.Helper()
 	var out []dtoSeries
-	for node, addr := range addrs {
-		fams, err := scrapeExporter(addr)
-		if err != nil {
-			t.Fatalf("exporter on %s: %v", node, err)
-		}
-		f := fams[metric]
-		if f == nil {
-			continue
-		}
-	next:
-		for _, s := range f.series {
-			for k, v := range match {
-				if s.labels[k] != v {
-					continue next
-				}
-			}
-			out = append(out, s)
-		}
-	}
+	eachSeries(t, addrs, metric, match, func(_ string, s dtoSeries) { out = append(out, s) })
 	return out
 }

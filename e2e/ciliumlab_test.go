@@ -703,6 +703,17 @@ func sumExporters(t *testing.T, addrs map[string]string, metric string, match ma
 func seriesOf(t *testing.T, addrs map[string]string, metric string, match map[string]string) []string {
 	t.Helper()
 	var out []string
+	eachSeries(t, addrs, metric, match, func(node string, s dtoSeries) {
+		out = append(out, fmt.Sprintf("%s %v = %g", node, s.labels, s.value))
+	})
+	slices.Sort(out)
+	return out
+}
+
+// eachSeries calls fn with every exporter's series of metric whose labels
+// include match.
+func eachSeries(t *testing.T, addrs map[string]string, metric string, match map[string]string, fn func(node string, s dtoSeries)) {
+	t.Helper()
 	for node, addr := range addrs {
 		fams, err := scrapeExporter(addr)
 		if err != nil {
@@ -719,11 +730,9 @@ func seriesOf(t *testing.T, addrs map[string]string, metric string, match map[st
 					continue next
 				}
 			}
-			out = append(out, fmt.Sprintf("%s %v = %g", node, s.labels, s.value))
+			fn(node, s)
 		}
 	}
-	slices.Sort(out)
-	return out
 }
 
 // ctCount is what the datapath's own conntrack entries hold for a set of
