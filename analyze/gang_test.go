@@ -384,18 +384,7 @@ func placeGang(ctx context.Context, lab *schedlab.Lab, j *schedlab.Job, cell, or
 	if err != nil {
 		return nil, err
 	}
-	create := func(pods ...*corev1.Pod) error {
-		for _, p := range pods {
-			if p.Spec.NodeSelector == nil {
-				p.Spec.NodeSelector = map[string]string{}
-			}
-			p.Spec.NodeSelector[schedlab.LabelCell] = cell
-			if _, err := lab.Client.CoreV1().Pods(p.Namespace).Create(ctx, p, metav1.CreateOptions{}); err != nil {
-				return fmt.Errorf("creating pod %s: %w", p.Name, err)
-			}
-		}
-		return nil
-	}
+	create := func(pods ...*corev1.Pod) error { return createInCell(ctx, lab, cell, pods...) }
 	const quiet = 5 * time.Second
 	settle := func(n int) (schedlab.Placement, error) {
 		sctx, cancel := context.WithTimeout(ctx, 3*time.Minute)

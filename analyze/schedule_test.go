@@ -329,6 +329,21 @@ func runCell(ctx context.Context, lab *schedlab.Lab, b bed, cell string, shape *
 	return out, nil
 }
 
+// createInCell creates pods on the cell's nodes only (each cell of a
+// scheduler test has nodes of its own).
+func createInCell(ctx context.Context, lab *schedlab.Lab, cell string, pods ...*corev1.Pod) error {
+	for _, p := range pods {
+		if p.Spec.NodeSelector == nil {
+			p.Spec.NodeSelector = map[string]string{}
+		}
+		p.Spec.NodeSelector[schedlab.LabelCell] = cell
+		if _, err := lab.Client.CoreV1().Pods(p.Namespace).Create(ctx, p, metav1.CreateOptions{}); err != nil {
+			return fmt.Errorf("creating pod %s: %w", p.Name, err)
+		}
+	}
+	return nil
+}
+
 // place creates the job's pods in the given order and waits until the
 // scheduler is done with them.
 func place(ctx context.Context, lab *schedlab.Lab, j *schedlab.Job, cell, order string) (schedlab.Placement, error) {
@@ -336,18 +351,7 @@ func place(ctx context.Context, lab *schedlab.Lab, j *schedlab.Job, cell, order 
 	if err != nil {
 		return nil, err
 	}
-	create := func(pods ...*corev1.Pod) error {
-		for _, p := range pods {
-			if p.Spec.NodeSelector == nil {
-				p.Spec.NodeSelector = map[string]string{}
-			}
-			p.Spec.NodeSelector[schedlab.LabelCell] = cell
-			if _, err := lab.Client.CoreV1().Pods(p.Namespace).Create(ctx, p, metav1.CreateOptions{}); err != nil {
-				return fmt.Errorf("creating pod %s: %w", p.Name, err)
-			}
-		}
-		return nil
-	}
+	create := func(pods ...*corev1.Pod) error { return createInCell(ctx, lab, cell, pods...) }
 	const quiet = 4 * time.Second
 	settle := func(n int) (schedlab.Placement, error) {
 		sctx, cancel := context.WithTimeout(ctx, 90*time.Second)

@@ -145,39 +145,9 @@ func (l *Lab) DeletePodGroups(ctx context.Context, namespace string) error {
 // (Settle would wait for one); a whole gang that fits no domain is marked
 // unschedulable ("pod group is unschedulable, ...").
 func (l *Lab) SettleQuiet(ctx context.Context, namespace string, want int, quiet time.Duration) (Placement, error) {
-	last, changed := -1, time.Now()
-	for {
-		list, err := l.pods.Pods(namespace).List(labels.Everything())
-		if err != nil {
-			return nil, err
-		}
-		p := Placement{}
-		bound, unschedulable := 0, 0
-		for _, pod := range list {
-			p[pod.Name] = pod.Spec.NodeName
-			if pod.Spec.NodeName != "" {
-				bound++
-				continue
-			}
-			for _, c := range pod.Status.Conditions {
-				if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse && c.Reason == corev1.PodReasonUnschedulable {
-					unschedulable++
-				}
-			}
-		}
-		if bound != last || len(list) < want {
-			last, changed = bound, time.Now()
-		}
-		q := time.Since(changed)
-		if len(list) >= want && (bound == len(list) || (q >= quiet && bound+unschedulable == len(list)) || q >= 6*quiet) {
-			return p, nil
-		}
-		select {
-		case <-ctx.Done():
-			return p, fmt.Errorf("namespace %s: %d of %d pods bound: %w", namespace, bound, want, ctx.Err())
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
+	return l.settle(ctx, namespace, want, func(n, bound, unschedulable int, still time.Duration) bool {
+		return bound == n || (still >= quiet && bound+unschedulable == n) || still >= 6*quiet
+	})
 }
 
 // Unschedulable returns the message of the first pod of the namespace the

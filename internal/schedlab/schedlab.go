@@ -192,6 +192,17 @@ func (p Placement) Pending() int {
 // cluster events after a backoff of 1s to 10s, so quiet is a few
 // seconds), or until ctx ends. It returns the placement it saw last.
 func (l *Lab) Settle(ctx context.Context, namespace string, want int, quiet time.Duration) (Placement, error) {
+	return l.settle(ctx, namespace, want, func(n, bound, unschedulable int, still time.Duration) bool {
+		return bound == n || (bound+unschedulable == n && still >= quiet)
+	})
+}
+
+// settle polls the namespace's pods until it has want of them and done
+// says so, given how many are bound, how many the scheduler marked
+// unschedulable and how long no pod was bound (counted from when the
+// namespace last had fewer than want pods), or until ctx ends. It returns
+// the placement it saw last.
+func (l *Lab) settle(ctx context.Context, namespace string, want int, done func(n, bound, unschedulable int, still time.Duration) bool) (Placement, error) {
 	last, changed := -1, time.Now()
 	for {
 		list, err := l.pods.Pods(namespace).List(labels.Everything())
@@ -212,10 +223,10 @@ func (l *Lab) Settle(ctx context.Context, namespace string, want int, quiet time
 				}
 			}
 		}
-		if bound != last {
+		if bound != last || len(list) < want {
 			last, changed = bound, time.Now()
 		}
-		if len(list) >= want && (bound == len(list) || (bound+unschedulable == len(list) && time.Since(changed) >= quiet)) {
+		if len(list) >= want && done(len(list), bound, unschedulable, time.Since(changed)) {
 			return p, nil
 		}
 		select {
