@@ -131,9 +131,7 @@ cilium_crds() { # module-dir dest
   cp "$1"/pkg/k8s/apis/cilium.io/client/crds/v2/*.yaml "$1"/pkg/k8s/apis/cilium.io/client/crds/v2alpha1/*.yaml "$2/crds.tmp/"
   chmod -R u+w "$2/crds.tmp"; mv "$2/crds.tmp" "$2/crds"
 }
-cilium() {
-  local v=$CILIUM_VERSION
-  local dir=$tools/cilium-$v
+llvm_apt() {
   if ! command -v clang-19 >/dev/null 2>&1 || ! command -v llc-19 >/dev/null 2>&1 || ! command -v iptables >/dev/null 2>&1; then
     log "installing clang-19, llvm-19, iptables from Debian"
     export DEBIAN_FRONTEND=noninteractive
@@ -148,6 +146,10 @@ cilium() {
     fi
     apt-get install -y -qq --no-install-recommends "${llvm[@]}" iptables >&2
   fi
+}
+cilium() {
+  local v=$CILIUM_VERSION
+  local dir=$tools/cilium-$v
   # pkg/version parses "VERSION REVISION AUTHOR-DATE" (at least three
   # words: else the agent and Hubble's ServerStatus report no version). The
   # module has no git revision: "zwlab" says it is this build; the date is
@@ -283,33 +285,52 @@ kueue() {
   rm -rf "$dir"; mv "$dir.tmp" "$dir"
 }
 
+# Debian's packages first, one apt at a time: etcd, LLVM 19 and iptables
+# for the Cilium lab, Node.js for the dashboard schema check (the machine
+# image usually has it).
 etcd_bin
-kube_components
-kueue
-cilium
-cilium118
-prometheus_operator
-goinstall "prometheus-$PROMETHEUS_VERSION" \
-  "github.com/prometheus/prometheus/cmd/prometheus@$PROMETHEUS_VERSION" \
-  "github.com/prometheus/prometheus/cmd/promtool@$PROMETHEUS_VERSION"
-goinstall "alertmanager-$ALERTMANAGER_VERSION" \
-  "github.com/prometheus/alertmanager/cmd/alertmanager@$ALERTMANAGER_VERSION" \
-  "github.com/prometheus/alertmanager/cmd/amtool@$ALERTMANAGER_VERSION"
-goinstall "helm-$HELM_VERSION" "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
-goinstall "staticcheck-$STATICCHECK_VERSION" "honnef.co/go/tools/cmd/staticcheck@$STATICCHECK_VERSION"
-goinstall "actionlint-$ACTIONLINT_VERSION" "github.com/rhysd/actionlint/cmd/actionlint@$ACTIONLINT_VERSION"
-if [ "$release" = 1 ]; then
-  goinstall "cyclonedx-gomod-$CYCLONEDX_GOMOD_VERSION" "github.com/CycloneDX/cyclonedx-gomod/cmd/cyclonedx-gomod@$CYCLONEDX_GOMOD_VERSION"
-  goinstall "crane-$CRANE_VERSION" "github.com/google/go-containerregistry/cmd/crane@$CRANE_VERSION"
-fi
-
-# Node.js for the dashboard schema check (the machine image usually has it).
+llvm_apt
 if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
   log "installing nodejs and npm from Debian"
   DEBIAN_FRONTEND=noninteractive apt-get update -qq >&2
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nodejs npm >&2
 fi
-ZONEWATCH_TOOLS=$tools bash "$root/hack/schema-check/check.sh" --install >&2
+
+# Then the Go builds in two lanes at once. One cold go build keeps 2 cores
+# busy only about three quarters of the time (module downloads, the
+# single-threaded links of 100-200 MB binaries): a cold run took 55m53s
+# wall for 85 CPU-minutes in one lane. The go caches take concurrent
+# builds; each lane's first failure ends it, and the script fails after
+# both lanes are done.
+lane1() {
+  kube_components
+  cilium
+  goinstall "prometheus-$PROMETHEUS_VERSION" \
+    "github.com/prometheus/prometheus/cmd/prometheus@$PROMETHEUS_VERSION" \
+    "github.com/prometheus/prometheus/cmd/promtool@$PROMETHEUS_VERSION"
+  goinstall "helm-$HELM_VERSION" "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
+  goinstall "actionlint-$ACTIONLINT_VERSION" "github.com/rhysd/actionlint/cmd/actionlint@$ACTIONLINT_VERSION"
+}
+lane2() {
+  kueue
+  cilium118
+  prometheus_operator
+  goinstall "alertmanager-$ALERTMANAGER_VERSION" \
+    "github.com/prometheus/alertmanager/cmd/alertmanager@$ALERTMANAGER_VERSION" \
+    "github.com/prometheus/alertmanager/cmd/amtool@$ALERTMANAGER_VERSION"
+  goinstall "staticcheck-$STATICCHECK_VERSION" "honnef.co/go/tools/cmd/staticcheck@$STATICCHECK_VERSION"
+  if [ "$release" = 1 ]; then
+    goinstall "cyclonedx-gomod-$CYCLONEDX_GOMOD_VERSION" "github.com/CycloneDX/cyclonedx-gomod/cmd/cyclonedx-gomod@$CYCLONEDX_GOMOD_VERSION"
+    goinstall "crane-$CRANE_VERSION" "github.com/google/go-containerregistry/cmd/crane@$CRANE_VERSION"
+  fi
+  ZONEWATCH_TOOLS=$tools bash "$root/hack/schema-check/check.sh" --install >&2
+}
+( set -e; lane1 ) & lane1_pid=$!
+( set -e; lane2 ) & lane2_pid=$!
+failed=
+wait "$lane1_pid" || failed="$failed 1"
+wait "$lane2_pid" || failed="$failed 2"
+if [ -n "$failed" ]; then log "build lane(s)$failed failed (above)"; exit 1; fi
 
 # One flat bin/ of links so tests and scripts need a single path.
 mkdir -p "$tools/bin"
