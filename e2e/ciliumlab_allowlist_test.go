@@ -4,13 +4,11 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/zonewatch/zonewatch/internal/ciliumlab"
-	"github.com/zonewatch/zonewatch/internal/testenv"
 )
 
 // allowListFence is issue 32's fence: an endpointSelector on the
@@ -84,22 +82,7 @@ func TestCiliumLabAllowListFence(t *testing.T) {
 	// The DaemonSet exporter of the coordinator's node: the chart's args,
 	// ServiceAccount and ClusterRole (list/watch cilium.io).
 	n := lab.Node("cpu-b1")
-	id := api.ChartIdentity(t, nil)
-	kc, err := lab.Kubeconfig("exporter", id.Config.BearerToken)
-	if err != nil {
-		t.Fatal(err)
-	}
-	sc := testenv.ChartSecurityContext(t)
-	testenv.CanStartAs(t)
-	argv := sc.Args(exporterBinary(t), chartArgs(t, map[string]string{"--kubeconfig": kc, "--gpu.source": "none"})...)
-	if _, err := n.Start("exporter", []string{"NODE_NAME=" + n.Name}, argv[0], argv[1:]...); err != nil {
-		t.Fatal(err)
-	}
-	addrs := map[string]string{n.Name: net.JoinHostPort(n.IP.String(), "19420")}
-	if !waitReady(t, exporter{node: n.Name, addr: addrs[n.Name]}, 2*time.Minute) {
-		t.Logf("exporter log:\n%s", tailOf(filepath.Join(n.Dir, "exporter.log"), 3000))
-		t.FailNow()
-	}
+	addrs := startChartExporters(t, lab, api, []*ciliumlab.Node{n}, noGPU)
 	dst := net.JoinHostPort(master.IP.String(), fmt.Sprint(port))
 	// blocked waits until the fence reaches the coordinator's datapath.
 	blocked := func() bool {

@@ -71,29 +71,8 @@ type cpuSample struct {
 // Measured, not asserted (issue 34's goals: <= 0.1x the agents, <= 5 us a
 // flow at the highest rate); the figures are in docs/performance.md.
 func measureFlowCPU(ctx context.Context, t *testing.T, lab *ciliumlab.Lab, api *testenv.APIServer, src, dst *ciliumlab.Pod) {
-	bin := exporterBinary(t)
-	id := api.ChartIdentity(t, nil)
-	kc, err := lab.Kubeconfig("exporter-cpu", id.Config.BearerToken)
-	if err != nil {
-		t.Fatal(err)
-	}
-	sc := testenv.ChartSecurityContext(t)
-	testenv.CanStartAs(t)
 	nodes := []*ciliumlab.Node{src.Node, dst.Node}
-	addrs := map[string]string{}
-	for _, n := range nodes {
-		argv := sc.Args(bin, chartArgs(t, map[string]string{"--kubeconfig": kc, "--gpu.source": "none"})...)
-		if _, err := n.Start("exporter", []string{"NODE_NAME=" + n.Name}, argv[0], argv[1:]...); err != nil {
-			t.Fatal(err)
-		}
-		addrs[n.Name] = net.JoinHostPort(n.IP.String(), "19420")
-	}
-	for _, n := range nodes {
-		if !waitReady(t, exporter{node: n.Name, addr: addrs[n.Name]}, 2*time.Minute) {
-			t.Logf("exporter log on %s:\n%s", n.Name, tailOf(filepath.Join(n.Dir, "exporter.log"), 3000))
-			t.FailNow()
-		}
-	}
+	addrs := startChartExporters(t, lab, api, nodes, noGPU)
 	// Three more client pods beside src: a pod's sandbox makes one socket
 	// at a time, so four pods dial four at once.
 	clients := []*ciliumlab.Pod{src}

@@ -498,6 +498,16 @@ func (g *labGPUs) setJob(j *labJob, b sim.Behaviour) {
 // ready. Only the GPU flags differ: they point at the simulated GPUs.
 func startLabExporters(t *testing.T, lab *ciliumlab.Lab, api *testenv.APIServer, gpus *labGPUs) map[string]string {
 	t.Helper()
+	return startChartExporters(t, lab, api, lab.Nodes, gpus.args)
+}
+
+// startChartExporters starts a DaemonSet-mode exporter on each of nodes as
+// the chart runs it (its args with extra(node) over them, its
+// ServiceAccount and RBAC, its securityContext), waits until each is
+// ready and returns their metrics addresses by node. The exporters' logs
+// are printed when the test fails.
+func startChartExporters(t *testing.T, lab *ciliumlab.Lab, api *testenv.APIServer, nodes []*ciliumlab.Node, extra func(*ciliumlab.Node) map[string]string) map[string]string {
+	t.Helper()
 	bin := exporterBinary(t)
 	id := api.ChartIdentity(t, nil)
 	kc, err := lab.Kubeconfig("exporter", id.Config.BearerToken)
@@ -507,8 +517,8 @@ func startLabExporters(t *testing.T, lab *ciliumlab.Lab, api *testenv.APIServer,
 	sc := testenv.ChartSecurityContext(t)
 	testenv.CanStartAs(t)
 	addrs := map[string]string{}
-	for _, n := range lab.Nodes {
-		args := chartArgs(t, mergeArgs(map[string]string{"--kubeconfig": kc}, gpus.args(n)))
+	for _, n := range nodes {
+		args := chartArgs(t, mergeArgs(map[string]string{"--kubeconfig": kc}, extra(n)))
 		argv := sc.Args(bin, args...)
 		if _, err := n.Start("exporter", []string{"NODE_NAME=" + n.Name}, argv[0], argv[1:]...); err != nil {
 			t.Fatal(err)
@@ -517,7 +527,7 @@ func startLabExporters(t *testing.T, lab *ciliumlab.Lab, api *testenv.APIServer,
 	}
 	t.Cleanup(func() {
 		if t.Failed() {
-			for _, n := range lab.Nodes {
+			for _, n := range nodes {
 				t.Logf("--- exporter on %s (tail) ---\n%s", n.Name, tailOf(filepath.Join(n.Dir, "exporter.log"), 2000))
 			}
 		}
@@ -529,6 +539,9 @@ func startLabExporters(t *testing.T, lab *ciliumlab.Lab, api *testenv.APIServer,
 	}
 	return addrs
 }
+
+// noGPU is the exporters' GPU source where a test has no GPUs.
+func noGPU(*ciliumlab.Node) map[string]string { return map[string]string{"--gpu.source": "none"} }
 
 func mergeArgs(a, b map[string]string) map[string]string {
 	out := map[string]string{}
