@@ -278,15 +278,10 @@ func (p *Pod) Identity(ctx context.Context) (int64, error) {
 			return false, why
 		}
 		id = ep.Identity.ID
-		// An endpoint can be ready with reserved:init (5) while the agent
-		// has not got the pod's labels yet; its identity comes after.
-		return ep.State == "ready" && id != 0 && id != identityInit, fmt.Sprintf("state %s, identity %d", ep.State, id)
+		return ep.State == "ready" && id != 0, "state " + ep.State
 	})
 	return id, err
 }
-
-// identityInit is Cilium's reserved:init identity.
-const identityInit = 5
 
 // agentEndpoint is what the lab reads of an endpoint's status in the
 // agent's REST API (GET /v1/endpoint).
