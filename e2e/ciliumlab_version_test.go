@@ -156,14 +156,6 @@ func checkLabBytes(t *testing.T, lab *ciliumlab.Lab, addrs map[string]string, sc
 // as the entry's node; on this node, none. Node addresses carry identity
 // remote-node (others) and host (itself).
 func checkIPCacheNodes(ctx context.Context, t *testing.T, lab *ciliumlab.Lab, pods []*ciliumlab.Pod) {
-	ids := map[*ciliumlab.Pod]uint32{}
-	for _, p := range pods {
-		id, err := p.Identity(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ids[p] = uint32(id)
-	}
 	for _, n := range lab.Nodes {
 		reg := prometheus.NewRegistry()
 		r, err := ipcache.New(ipcache.BPFSource{Dir: n.Path("/sys/fs/bpf/tc/globals")}, ipcache.Config{Self: reg})
@@ -178,6 +170,16 @@ func checkIPCacheNodes(ctx context.Context, t *testing.T, lab *ciliumlab.Lab, po
 			remote, local, wrong = 0, 0, nil
 			if err := r.Refresh(); err != nil {
 				return false, err.Error()
+			}
+			// Read each look: an endpoint can be ready with reserved:init
+			// (5) until its agent has the pod's labels.
+			ids := map[*ciliumlab.Pod]uint32{}
+			for _, p := range pods {
+				id, err := p.Identity(ctx)
+				if err != nil {
+					return false, err.Error()
+				}
+				ids[p] = uint32(id)
 			}
 			for _, p := range pods {
 				e, ok := r.Lookup(p.IP)
