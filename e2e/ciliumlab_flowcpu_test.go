@@ -4,10 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"os"
-	"path/filepath"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -17,38 +14,6 @@ import (
 	"github.com/zonewatch/zonewatch/internal/ciliumlab"
 	"github.com/zonewatch/zonewatch/internal/testenv"
 )
-
-// clockTicks is USER_HZ, the unit of /proc/<pid>/stat's utime and stime
-// (100 on every Linux architecture Go supports).
-const clockTicks = 100
-
-// procCPU is a process's CPU time so far (user + system), read from
-// /proc/<pid>/stat: the agents export no process_cpu_seconds_total of
-// their own in every version, and /proc is what top reads.
-func procCPU(pid int) (float64, error) {
-	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
-	if err != nil {
-		return 0, err
-	}
-	// The command name (field 2) may hold spaces: fields count from the
-	// last ')'.
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	if i < 0 {
-		return 0, fmt.Errorf("pid %d: unreadable stat %q", pid, s)
-	}
-	f := strings.Fields(s[i+1:])
-	// f[0] is field 3 (state): utime is field 14, stime 15.
-	if len(f) < 13 {
-		return 0, fmt.Errorf("pid %d: short stat %q", pid, s)
-	}
-	ut, err1 := strconv.ParseUint(f[11], 10, 64)
-	st, err2 := strconv.ParseUint(f[12], 10, 64)
-	if err1 != nil || err2 != nil {
-		return 0, fmt.Errorf("pid %d: stat %q: %v %v", pid, s, err1, err2)
-	}
-	return float64(ut+st) / clockTicks, nil
-}
 
 // cpuSample is what one look at the exporters and agents reads.
 type cpuSample struct {
@@ -95,7 +60,7 @@ func measureFlowCPU(ctx context.Context, t *testing.T, lab *ciliumlab.Lab, api *
 			at:       time.Now(),
 		}
 		for _, n := range nodes {
-			c, err := procCPU(n.Agent().Cmd.Process.Pid)
+			c, err := testenv.ProcCPU(n.Agent().Cmd.Process.Pid)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -475,15 +475,7 @@ func (tr *traffic) all() int64 {
 // procStat reads a process's CPU seconds (utime+stime) and resident and
 // peak memory in MiB.
 func procStat(pid int) (cpu float64, rss, hwm float64) {
-	stat, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if i := strings.LastIndexByte(string(stat), ')'); i > 0 {
-		f := strings.Fields(string(stat)[i+2:])
-		if len(f) > 12 {
-			u, _ := strconv.ParseFloat(f[11], 64)
-			s, _ := strconv.ParseFloat(f[12], 64)
-			cpu = (u + s) / 100 // USER_HZ
-		}
-	}
+	cpu, _ = testenv.ProcCPU(pid)
 	status, _ := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	for _, line := range strings.Split(string(status), "\n") {
 		var kb float64
