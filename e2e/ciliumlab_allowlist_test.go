@@ -57,7 +57,8 @@ func TestCiliumLabAllowListFence(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := p.Identity(ctx); err != nil {
+		// The fence selects the master by its job labels and its peers by zone.
+		if _, err := p.SettledIdentity(ctx, "zone", "training.kubeflow.org/job-name", "training.kubeflow.org/replica-type"); err != nil {
 			t.Fatal(err)
 		}
 		return p

@@ -356,7 +356,8 @@ func TestCiliumLabOwnTraffic(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := p.Identity(ctx); err != nil {
+		// The fences select on zone and the chart's name label.
+		if _, err := p.SettledIdentity(ctx, "zone", "app.kubernetes.io/name"); err != nil {
 			t.Fatal(err)
 		}
 		for _, port := range []int{19420, probe.DefaultPort} {
@@ -374,7 +375,7 @@ func TestCiliumLabOwnTraffic(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := prom.Identity(ctx); err != nil {
+	if _, err := prom.SettledIdentity(ctx, "zone", "app.kubernetes.io/name"); err != nil {
 		t.Fatal(err)
 	}
 	hostNS := lab.Node("gpu-a1").NetNS

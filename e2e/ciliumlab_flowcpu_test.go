@@ -47,7 +47,7 @@ func measureFlowCPU(ctx context.Context, t *testing.T, lab *ciliumlab.Lab, api *
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := p.Identity(ctx); err != nil {
+		if _, err := p.SettledIdentity(ctx); err != nil {
 			t.Fatal(err)
 		}
 		clients = append(clients, p)

@@ -97,16 +97,13 @@ func runServicePath(t *testing.T, lb ciliumlab.ServiceLB, routing ciliumlab.Rout
 	if blocked != nil {
 		all = append(all, blocked.pods()...)
 	}
-	ids := map[*ciliumlab.Pod]int64{}
 	for _, p := range all {
-		id, err := p.Identity(ctx)
-		if err != nil {
+		if _, err := p.SettledIdentity(ctx, "zone"); err != nil {
 			t.Fatal(err)
 		}
-		ids[p] = id
 	}
 	if blocked != nil {
-		if err := blocked.coordinator.Node.WaitSelects(ctx, []int64{ids[blocked.workers[0]]}, "zone", "NotIn", zoneB); err != nil {
+		if err := blocked.coordinator.Node.WaitSelects(ctx, blocked.workers[:1], "zone", "NotIn", zoneB); err != nil {
 			t.Fatal(err)
 		}
 	}

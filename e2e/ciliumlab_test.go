@@ -280,23 +280,19 @@ func startLabScenario(ctx context.Context, t *testing.T, lab *ciliumlab.Lab) *la
 		}
 	}
 	t.Logf("llm-blocked placed by kube-scheduler: %s", sc.blocked.placement())
-	ids := map[*ciliumlab.Pod]int64{}
+	// The zone fence selects on "zone": every pod's identity carries it
+	// on every node before a verdict counts.
 	for _, j := range []*labJob{sc.blocked, sc.slow, sc.healthy} {
 		for _, p := range j.pods() {
-			id, err := p.Identity(ctx)
-			if err != nil {
+			if _, err := p.SettledIdentity(ctx, "zone"); err != nil {
 				t.Fatal(err)
 			}
-			ids[p] = id
 		}
 	}
 	// The coordinator's node enforces zone b's fence with the workers'
-	// identities: only then is every rendezvous SYN a policy drop.
-	var workerIDs []int64
-	for _, w := range sc.blocked.workers {
-		workerIDs = append(workerIDs, ids[w])
-	}
-	if err := sc.blocked.coordinator.Node.WaitSelects(ctx, workerIDs, "zone", "NotIn", zoneB); err != nil {
+	// identities as they are: only then is every rendezvous SYN a policy
+	// drop.
+	if err := sc.blocked.coordinator.Node.WaitSelects(ctx, sc.blocked.workers, "zone", "NotIn", zoneB); err != nil {
 		t.Fatal(err)
 	}
 	return sc
@@ -930,7 +926,7 @@ func TestCiliumLab(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := w.Identity(ctx); err != nil {
+		if _, err := w.SettledIdentity(ctx, "zone"); err != nil {
 			t.Fatal(err)
 		}
 		m := map[string]string{"namespace": slow.ns, "job_name": slow.name}

@@ -175,9 +175,9 @@ func checkIPCacheNodes(ctx context.Context, t *testing.T, lab *ciliumlab.Lab, po
 			// (5) until its agent has the pod's labels.
 			ids := map[*ciliumlab.Pod]uint32{}
 			for _, p := range pods {
-				id, err := p.Identity(ctx)
-				if err != nil {
-					return false, err.Error()
+				id, _, why := p.CurrentIdentity(ctx)
+				if why != "" {
+					return false, why
 				}
 				ids[p] = uint32(id)
 			}

@@ -124,11 +124,25 @@ func (l *Lab) DeletePolicy(ctx context.Context, namespace, name string) error {
 }
 
 // WaitSelects waits until the agent's selector cache has a selector
-// containing each of the substrings that selects every one of ids: the
-// agent has the policy and knows the identities it names. With ids empty it
-// waits until no such selector is left (the policy is gone).
-func (n *Node) WaitSelects(ctx context.Context, ids []int64, substrings ...string) error {
-	return n.poll(ctx, time.Minute, fmt.Sprintf("selects %v with %q", ids, substrings), func() (bool, string) {
+// containing each of the substrings that selects the identity each of pods
+// has at the time of the look (Pod.CurrentIdentity, read anew at every
+// look: an identity read once goes stale when the pod's agent learns its
+// labels): the agent has the policy and knows the pods as they are. With
+// pods empty it waits until no such selector is left (the policy is gone).
+func (n *Node) WaitSelects(ctx context.Context, pods []*Pod, substrings ...string) error {
+	var names []string
+	for _, p := range pods {
+		names = append(names, p.Ref())
+	}
+	return n.poll(ctx, time.Minute, fmt.Sprintf("selects the identities of %v with %q", names, substrings), func() (bool, string) {
+		ids := make([]int64, len(pods))
+		for i, p := range pods {
+			id, _, why := p.CurrentIdentity(ctx)
+			if why != "" {
+				return false, why
+			}
+			ids[i] = id
+		}
 		var cache []struct {
 			Selector   string  `json:"selector"`
 			Identities []int64 `json:"identities"`
@@ -144,7 +158,7 @@ func (n *Node) WaitSelects(ctx context.Context, ids []int64, substrings ...strin
 					continue next
 				}
 			}
-			if len(ids) == 0 {
+			if len(pods) == 0 {
 				return false, "still there: " + s.Selector
 			}
 			found = append(found, fmt.Sprintf("%s -> %v", s.Selector, s.Identities))
@@ -156,6 +170,6 @@ func (n *Node) WaitSelects(ctx context.Context, ids []int64, substrings ...strin
 				return true, ""
 			}
 		}
-		return len(ids) == 0, fmt.Sprintf("selectors: %v", found)
+		return len(pods) == 0, fmt.Sprintf("identities now %v; selectors: %v", ids, found)
 	})
 }

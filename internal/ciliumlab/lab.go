@@ -119,6 +119,11 @@ type Lab struct {
 	procs    []*Proc
 	pods     map[string]*Pod
 	lockFile *os.File
+	// slowestSettle is the slowest SettledIdentity seen.
+	slowestSettle struct {
+		pod  string
+		took time.Duration
+	}
 }
 
 type undoStep struct {
@@ -284,6 +289,9 @@ func (l *Lab) onUndo(what string, fn func() error) {
 // Close undoes everything the lab made, last first, and returns every
 // failure. It can be called more than once.
 func (l *Lab) Close() error {
+	if pod, took := l.SlowestSettle(); pod != "" {
+		l.Logf("slowest identity settle of the lab: %s, %s", pod, took.Round(time.Millisecond))
+	}
 	l.mu.Lock()
 	steps := l.undo
 	l.undo = nil

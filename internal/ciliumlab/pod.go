@@ -268,21 +268,6 @@ func (p *Pod) deleteObject(ctx context.Context) error {
 	}
 }
 
-// Identity waits until the agent on the pod's node has made its endpoint
-// ready and returns the endpoint's security identity.
-func (p *Pod) Identity(ctx context.Context) (int64, error) {
-	var id int64
-	err := p.Node.poll(ctx, time.Minute, "endpoint of "+p.Ref()+" ready", func() (bool, string) {
-		ep, why := p.endpoint(ctx)
-		if ep == nil {
-			return false, why
-		}
-		id = ep.Identity.ID
-		return ep.State == "ready" && id != 0, "state " + ep.State
-	})
-	return id, err
-}
-
 // agentEndpoint is what the lab reads of an endpoint's status in the
 // agent's REST API (GET /v1/endpoint).
 type agentEndpoint struct {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -25,9 +24,9 @@ import (
 // (pod label key -> node label key) onto the pod, as a mutating webhook
 // on pods/binding does, before the sandbox exists, so that Cilium's
 // identity of the pod has them; then it wires the pod on that node
-// (cilium-cni ADD, status Running) as AddPod does, waits until the
-// endpoint's identity has those labels (so keys must be ones Cilium keeps
-// in identities), and records the scheduler's Scheduled event
+// (cilium-cni ADD, status Running) as AddPod does, waits until the pod's
+// identity has those labels on every node (Pod.SettledIdentity: so keys
+// must be ones Cilium keeps in identities), and records the scheduler's Scheduled event
 // (Pod.ScheduledBy, Pod.Scheduled).
 //
 // It returns the pods in the order given once every one runs. When some
@@ -161,38 +160,14 @@ func (l *Lab) runBound(ctx context.Context, p *Pod, pod *corev1.Pod, nodeLabels 
 	// labels above (two updates): the endpoint then starts with an identity
 	// without them and changes it seconds later (seen: 8 to 31 s; a worker
 	// whose identity lacked "zone" denied by the zone fence's NotIn). The
-	// pod runs once its identity has them, as a webhook's label would be.
-	want := map[string]string{}
+	// pod runs once its identity has them on every node, as a webhook's
+	// label would be.
+	keys := make([]string, 0, len(nodeLabels))
 	for podKey := range nodeLabels {
-		want[podKey] = p.Spec.Labels[podKey]
+		keys = append(keys, podKey)
 	}
-	return p.waitIdentityLabels(ctx, want)
-}
-
-// waitIdentityLabels waits until the agent's endpoint of the pod has a
-// security identity whose labels include want (pod label key -> value).
-func (p *Pod) waitIdentityLabels(ctx context.Context, want map[string]string) error {
-	began := time.Now()
-	var first string
-	err := p.Node.poll(ctx, 2*time.Minute, "identity of "+p.Ref()+" with labels "+fmt.Sprint(want), func() (bool, string) {
-		ep, why := p.endpoint(ctx)
-		if ep == nil {
-			return false, why
-		}
-		id := ep.Identity
-		for k, v := range want {
-			if !slices.Contains(id.Labels, "k8s:"+k+"="+v) {
-				if first == "" {
-					first = fmt.Sprintf("identity %d without k8s:%s=%s: %v", id.ID, k, v, id.Labels)
-				}
-				return false, fmt.Sprintf("identity %d: %v", id.ID, id.Labels)
-			}
-		}
-		return id.ID != 0, fmt.Sprintf("identity %d", id.ID)
-	})
-	if err == nil && first != "" {
-		p.lab.Logf("pod %s on %s: identity with its node's labels %s after CNI ADD; first %s", p.Ref(), p.Node.Name, time.Since(began).Round(time.Millisecond), first)
-	}
+	sort.Strings(keys)
+	_, err = p.SettledIdentity(ctx, keys...)
 	return err
 }
 
