@@ -20,7 +20,7 @@ run: build
 build:
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/exporter
 
-## tools: build/install the pinned test tools into .tools/ (cached)
+## tools: build the pinned test tools into the tools cache shared by checkouts (~/.cache/zonewatch/tools, or $ZONEWATCH_TOOLS) and link them into .tools/bin
 tools:
 	@bash hack/tools.sh >/dev/null
 

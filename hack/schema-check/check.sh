@@ -6,9 +6,13 @@
 #   hack/schema-check/check.sh --install              (only fill the cache)
 #
 # The pinned packages (package.json + package-lock.json here) are installed
-# with `npm ci` into a git-ignored cache keyed by their versions,
-# $ZONEWATCH_TOOLS/npm-schema-<schema>-ts<typescript>/ (default .tools/);
-# a warm run installs nothing and needs no network.
+# with `npm ci` into the tools cache hack/tools.sh uses ($ZONEWATCH_TOOLS,
+# else $XDG_CACHE_HOME/zonewatch/tools, else ~/.cache/zonewatch/tools),
+# in npm-schema-<schema>-ts<typescript>-<hash>/, the hash covering both
+# files, the install step and node's version: a changed lock file installs
+# into a new folder. The folder is used only when complete (.done, written
+# last, then renamed into place); two runs at once install it once (flock
+# on <folder>.lock). A warm run installs nothing and needs no network.
 #
 # Each dashboard becomes a .ts file that assigns its JSON, as an object
 # literal, to the type in dashboard-types.ts (read it for the one
@@ -21,7 +25,7 @@ set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
-tools=${ZONEWATCH_TOOLS:-$root/.tools}
+tools=${ZONEWATCH_TOOLS:-${XDG_CACHE_HOME:-${HOME:?set HOME or ZONEWATCH_TOOLS}/.cache}/zonewatch/tools}
 
 for bin in node npm; do
   command -v "$bin" >/dev/null 2>&1 || { echo "schema-check: $bin not found" >&2; exit 3; }
@@ -32,21 +36,34 @@ version() { # package name -> pinned version from package.json
 }
 schema_version=$(version @grafana/schema)
 ts_version=$(version typescript)
-cache=$tools/npm-schema-$schema_version-ts$ts_version
+# The install step, part of the folder's key.
+npm_install() { # folder
+  cp "$here/package.json" "$here/package-lock.json" "$1/"
+  (cd "$1" && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error >&2)
+}
+key=$({ cat "$here/package.json" "$here/package-lock.json"; declare -f npm_install; node --version; } | sha256sum)
+mkdir -p "$tools"
+cache=$tools/npm-schema-$schema_version-ts$ts_version-${key:0:12}
 
 if [ ! -f "$cache/.done" ]; then
-  echo "schema-check: installing @grafana/schema@$schema_version typescript@$ts_version into $cache" >&2
-  rm -rf "$cache.tmp"
-  mkdir -p "$cache.tmp"
-  cp "$here/package.json" "$here/package-lock.json" "$cache.tmp/"
-  if ! (cd "$cache.tmp" && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error >&2); then
-    echo "schema-check: cannot install the pinned packages (npm ci failed; no registry access?)" >&2
-    rm -rf "$cache.tmp"
-    exit 3
+  exec {lock}>"$cache.lock"
+  if ! flock -n "$lock"; then
+    echo "schema-check: waiting for another run to finish $cache" >&2
+    flock "$lock"
   fi
-  touch "$cache.tmp/.done"
-  rm -rf "$cache"
-  mv "$cache.tmp" "$cache"
+  if [ ! -f "$cache/.done" ]; then
+    echo "schema-check: installing @grafana/schema@$schema_version typescript@$ts_version into $cache" >&2
+    rm -rf "$cache.tmp" "$cache"
+    mkdir -p "$cache.tmp"
+    if ! npm_install "$cache.tmp"; then
+      echo "schema-check: cannot install the pinned packages (npm ci failed; no registry access?)" >&2
+      rm -rf "$cache.tmp"
+      exit 3
+    fi
+    touch "$cache.tmp/.done"
+    mv "$cache.tmp" "$cache"
+  fi
+  exec {lock}>&-
 fi
 
 if [ "${1:-}" = --install ]; then
