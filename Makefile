@@ -9,6 +9,15 @@ LDFLAGS := -X github.com/prometheus/common/version.Version=$(VERSION) \
 	-X github.com/prometheus/common/version.Branch=$(shell git rev-parse --abbrev-ref HEAD 2>/dev/null)
 # Generated artifacts: committed, regenerated and diffed by `make test`.
 GENERATED := rules dashboards deploy docs/flags.md
+# make test's time table (hack/testtime): each tier's wall time (tiers.tsv),
+# each test's (tests.tsv) and the table (table.txt), in the git-ignored tmp/.
+TIMES := $(CURDIR)/tmp/testtime
+# make test sets RECORD_TIMES=1: the test tiers then append to $(TIMES)/tests.tsv.
+RECORD_TIMES ?=
+# The test tiers run go test -json through it: go test's own text on the
+# log, the times recorded. Their recipes set -o pipefail, so go test's exit
+# status is the recipe's.
+TESTTIME = $(GO) -C $(CURDIR) run ./hack/testtime $(if $(RECORD_TIMES),-record $(TIMES)/tests.tsv)
 
 .PHONY: run test test-unit test-integration build lint bench tools generate check-generated e2e demo fuzz gpu-smoke clean image sbom chart release check-release-version release-notes push
 
@@ -24,10 +33,23 @@ build:
 tools:
 	@bash hack/tools.sh >/dev/null
 
-## test: every tier: lint, the unit and integration tests, the end-to-end
-## tests (what .ci/run calls). Generated artifacts are compared with their
-## generators inside the Go tests.
-test: lint test-integration e2e
+## test: every tier in turn: the tools, lint, the unit and integration tests,
+## the end-to-end tests (what .ci/run calls), then the time table: each
+## tier's wall time and the ten slowest tests (also when a tier fails: the
+## tiers after it do not run, and make test exits with its status).
+## Generated artifacts are compared with their generators inside the Go tests.
+TIERS := tools:tools lint:lint integration:test-integration e2e:e2e
+test:
+	@rm -rf $(TIMES) && mkdir -p $(TIMES)
+	@rc=0; for t in $(TIERS); do \
+		name=$${t%%:*} target=$${t#*:}; \
+		if [ $$rc != 0 ]; then printf '%s\t\t\tnot run\n' $$name >>$(TIMES)/tiers.tsv; continue; fi; \
+		start=$$EPOCHREALTIME; \
+		$(MAKE) --no-print-directory $$target RECORD_TIMES=1 || rc=$$?; \
+		printf '%s\t%s\t%s\t%s\n' $$name $$start $$EPOCHREALTIME $$rc >>$(TIMES)/tiers.tsv; \
+	done; \
+	$(GO) run ./hack/testtime -table $(TIMES) | tee $(TIMES)/table.txt || true; \
+	exit $$rc
 
 ## test-unit: the unit tier: no tools, no root, no network (go test -short); seconds
 test-unit:
@@ -36,12 +58,12 @@ test-unit:
 ## test-integration: every test but the end-to-end ones, with the tools required
 ## (kube-apiserver, promtool, helm, the schema check, real BPF maps as root)
 test-integration: tools
-	ZONEWATCH_TOOLS_BIN=$(TOOLS_BIN) ZONEWATCH_REQUIRE_TOOLS=1 $(GO) test -count=1 -timeout 30m $$($(GO) list ./... | grep -v '/e2e$$')
-	CGO_ENABLED=1 CGO_CFLAGS="-O2 -g -Wno-deprecated-declarations" $(GO) test -count=1 -tags nvml ./collector/gpu/
+	set -o pipefail; ZONEWATCH_TOOLS_BIN=$(TOOLS_BIN) ZONEWATCH_REQUIRE_TOOLS=1 $(GO) test -json -count=1 -timeout 30m $$($(GO) list ./... | grep -v '/e2e$$') | $(TESTTIME) -tier integration
+	set -o pipefail; CGO_ENABLED=1 CGO_CFLAGS="-O2 -g -Wno-deprecated-declarations" $(GO) test -json -count=1 -tags nvml ./collector/gpu/ | $(TESTTIME) -tier integration
 	@# The conntrack reader against Cilium's own ctmap types in real BPF maps (a module of its own; its real-map tests skip without root).
-	cd internal/ctmappeer && $(GO) vet ./... && $(GO) test -count=1 ./...
+	set -o pipefail; cd internal/ctmappeer && $(GO) vet ./... && $(GO) test -json -count=1 ./... | $(TESTTIME) -tier integration
 	@# The Hubble client against Cilium's own Observer, parser, filters and field mask (a module of its own).
-	cd internal/hubblepeer && $(GO) vet ./... && $(GO) test -count=1 ./...
+	set -o pipefail; cd internal/hubblepeer && $(GO) vet ./... && $(GO) test -json -count=1 ./... | $(TESTTIME) -tier integration
 
 ## lint: go vet (also the cgo GPU adapters), gofmt, tidy modules (every go.mod), staticcheck (pinned, staticcheck.conf)
 lint: tools
@@ -71,7 +93,7 @@ bench:
 
 ## e2e: only the end-to-end tests (real kube-apiserver, Prometheus, Alertmanager), verbose
 e2e: tools
-	ZONEWATCH_TOOLS_BIN=$(TOOLS_BIN) ZONEWATCH_REQUIRE_TOOLS=1 $(GO) test -count=1 -v -timeout 30m ./e2e/
+	set -o pipefail; ZONEWATCH_TOOLS_BIN=$(TOOLS_BIN) ZONEWATCH_REQUIRE_TOOLS=1 $(GO) test -json -count=1 -v -timeout 30m ./e2e/ | $(TESTTIME) -v -tier e2e
 
 ## demo: the seed's before/after on real Cilium agents (as root): a job split across zones and blocked by the zone fence pages, the fix resolves the page; the lab, exporters, Prometheus and Alertmanager stay up until Ctrl-C
 demo: tools
