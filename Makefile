@@ -19,7 +19,7 @@ RECORD_TIMES ?=
 # status is the recipe's.
 TESTTIME = $(GO) -C $(CURDIR) run ./hack/testtime $(if $(RECORD_TIMES),-record $(TIMES)/tests.tsv)
 
-.PHONY: run test test-unit test-integration build lint bench tools generate check-generated e2e demo fuzz gpu-smoke clean image sbom chart release check-release-version release-notes push
+.PHONY: run test check test-unit test-integration build lint linters bench tools generate check-generated e2e demo fuzz gpu-smoke clean image sbom chart release check-release-version release-notes push
 
 ## run: the exporter on the built-in simulated cluster; prints the /metrics URL
 run: build
@@ -32,6 +32,10 @@ build:
 ## tools: build the pinned test tools into the tools cache shared by checkouts (~/.cache/zonewatch/tools, or $ZONEWATCH_TOOLS) and link them into .tools/bin
 tools:
 	@bash hack/tools.sh >/dev/null
+
+## linters: only staticcheck and actionlint (what make lint and make check need)
+linters:
+	@bash hack/tools.sh --linters >/dev/null
 
 ## test: every tier in turn: the tools, lint, the unit and integration tests,
 ## the end-to-end tests (what .ci/run calls), then the time table: each
@@ -51,6 +55,9 @@ test:
 	$(GO) run ./hack/testtime -table $(TIMES) | tee $(TIMES)/table.txt || true; \
 	exit $$rc
 
+## check: the inner loop, before every commit: lint and the unit tier; no tools but the linters
+check: lint test-unit
+
 ## test-unit: the unit tier: no tools, no root, no network (go test -short); seconds
 test-unit:
 	env -u CI -u ZONEWATCH_REQUIRE_TOOLS $(GO) test -short -count=1 ./...
@@ -65,8 +72,8 @@ test-integration: tools
 	@# The Hubble client against Cilium's own Observer, parser, filters and field mask (a module of its own).
 	set -o pipefail; cd internal/hubblepeer && $(GO) vet ./... && $(GO) test -json -count=1 ./... | $(TESTTIME) -tier integration
 
-## lint: go vet (also the cgo GPU adapters), gofmt, tidy modules (every go.mod), staticcheck (pinned, staticcheck.conf)
-lint: tools
+## lint: go vet (also the cgo GPU adapters), gofmt, tidy modules (every go.mod), staticcheck (pinned, staticcheck.conf), actionlint; needs only the linters
+lint: linters
 	$(GO) vet ./...
 	CGO_ENABLED=1 CGO_CFLAGS="-O2 -g -Wno-deprecated-declarations" $(GO) vet -tags nvml ./collector/gpu/...
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
