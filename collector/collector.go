@@ -39,7 +39,7 @@ var (
 	scrapeDurationDesc = prometheus.NewDesc(scrapeDurationName, scrapeDurationHelp, []string{"collector"}, nil)
 	scrapeSuccessDesc  = prometheus.NewDesc(scrapeSuccessName, scrapeSuccessHelp, []string{"collector"}, nil)
 	sourceUpDesc       = prometheus.NewDesc(namespace+"_source_up",
-		"Whether a data source (kubernetes, hubble, gpu, podresources, conntrack, probe) is connected and delivering (1) or not (0).", []string{"source"}, nil)
+		"Whether a data source (kubernetes, hubble, gpu, podresources, conntrack, ipcache, probe) is connected and delivering (1) or not (0).", []string{"source"}, nil)
 )
 
 // Exporter is the root collector. It is unchecked: its series depend on the

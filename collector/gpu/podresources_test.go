@@ -263,7 +263,7 @@ zonewatch_gpu_utilization_ratio{gpu="0",job_name="resnet",namespace="ml",node="g
 zonewatch_gpu_utilization_ratio{gpu="1",job_name="resnet",namespace="ml",node="gpu-a1",pod="resnet-master-0",uuid="GPU-00000001-0001-4000-8000-000000000000",zone="us-east-1a"} 0.93
 zonewatch_gpu_utilization_ratio{gpu="2",job_name="llm",namespace="ml",node="gpu-a1",pod="llm-worker-0",uuid="GPU-00000001-0002-4000-8000-000000000000",zone="us-east-1a"} 0.01
 zonewatch_gpu_utilization_ratio{gpu="3",job_name="",namespace="",node="gpu-a1",pod="",uuid="GPU-00000001-0003-4000-8000-000000000000",zone="us-east-1a"} 0
-# HELP zonewatch_source_up Whether a data source (kubernetes, hubble, gpu, podresources, conntrack, probe) is connected and delivering (1) or not (0).
+# HELP zonewatch_source_up Whether a data source (kubernetes, hubble, gpu, podresources, conntrack, ipcache, probe) is connected and delivering (1) or not (0).
 # TYPE zonewatch_source_up gauge
 zonewatch_source_up{source="gpu"} 1
 zonewatch_source_up{source="podresources"} 1
