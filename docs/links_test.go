@@ -1,4 +1,5 @@
-// Package docs holds zonewatch's documentation; its test checks the links.
+// Package docs holds zonewatch's documentation; its tests check the links,
+// the README's length and the runbooks' commands.
 package docs
 
 import (
