@@ -21,7 +21,7 @@ var (
 	// from 1.15; the hubble CLI is another binary).
 	agentCLI = regexp.MustCompile(`--\s+cilium\s`)
 	// A zonewatch flag: dotted (--gpu.source), as every serve flag but a few.
-	dottedFlag = regexp.MustCompile("--([a-z]+\\.[a-z][a-z0-9.-]*[a-z0-9])")
+	dottedFlag = regexp.MustCompile(`--([a-z]+\.[a-z][a-z0-9.-]*[a-z0-9])`)
 	// A flag row of docs/flags.md (generated from the command line).
 	flagsRow    = regexp.MustCompile("(?m)^\\| `--(?:\\[no-\\])?([a-z0-9.-]+)`")
 	metricRow   = regexp.MustCompile("^\\| `(zonewatch_[a-z0-9_]+)` \\| [a-z]+ \\|([^|]*)\\|")

@@ -16,7 +16,7 @@ import (
 var (
 	groupName = regexp.MustCompile(`\bzonewatch\.[a-z]+\b`)
 	// A row of the README's alert table: | [Alert](docs/runbooks.md#anchor) | severity | fires when | for |
-	readmeAlertRow = regexp.MustCompile("^\\| \\[(Zonewatch[A-Za-z]+)\\]\\(docs/runbooks\\.md#([a-z]+)\\) \\| ([a-z]+) \\|.*\\| ([^|]+) \\|$")
+	readmeAlertRow = regexp.MustCompile(`^\| \[(Zonewatch[A-Za-z]+)\]\(docs/runbooks\.md#([a-z]+)\) \| ([a-z]+) \|.*\| ([^|]+) \|$`)
 	recordRow      = regexp.MustCompile("^\\| `([a-z_]+:[a-z0-9_]+:[a-z0-9_]+)` \\|")
 )
 
