@@ -101,6 +101,8 @@ func TestCiliumLabAllowListFence(t *testing.T) {
 		{"CiliumNetworkPolicy", allowListFence(job), "ml-team/coordinator-fence"},
 		{"CiliumClusterwideNetworkPolicy", allowFence(), "zone-fence-allow"},
 	} {
+		before := agentPolicyDrops(agentDrops(t, lab), "cpu-b1")
+		allBefore := sumExporters(t, addrs, "zonewatch_job_policy_drops_total", map[string]string{"job_name": job})
 		ns, name, err := lab.ApplyPolicy(ctx, fc.manifest)
 		if err != nil {
 			t.Fatal(err)
@@ -108,7 +110,13 @@ func TestCiliumLabAllowListFence(t *testing.T) {
 		if !blocked() {
 			t.Fatalf("%s: the workers still reach the coordinator", fc.name)
 		}
-		time.Sleep(2 * time.Second) // the probing SYNs' drops settle
+		// The probing SYNs' drops: counted by the exporter before the
+		// baseline is taken (a fixed pause was too short on a loaded machine).
+		eventually(t, time.Minute, fc.name+": the probes' drops reach the exporter", func() (bool, string) {
+			agent := agentPolicyDrops(agentDrops(t, lab), "cpu-b1") - before
+			zw := sumExporters(t, addrs, "zonewatch_job_policy_drops_total", map[string]string{"job_name": job}) - allBefore
+			return agent > 0 && zw == agent, fmt.Sprintf("agent %g, zonewatch %g", agent, zw)
+		})
 		selected := map[string]string{"namespace": "ml-team", "job_name": job, "policy": fc.policy, "policy_source": "selected", "reason": "POLICY_DENIED"}
 		agent0, zw0 := agentDrops(t, lab), sumExporters(t, addrs, "zonewatch_job_policy_drops_total", selected)
 		all0 := sumExporters(t, addrs, "zonewatch_job_policy_drops_total", map[string]string{"job_name": job})
@@ -121,17 +129,12 @@ func TestCiliumLabAllowListFence(t *testing.T) {
 				}
 			}
 		}
-		time.Sleep(3 * time.Second)
-		agent1 := agentDrops(t, lab)
-		var agent float64
-		for k, v := range agent1 {
-			if strings.HasPrefix(k, "cpu-b1 ") && strings.Contains(k, "Policy denied") {
-				agent += v - agent0[k]
-			}
-		}
+		// The agent counts a drop in its datapath as it drops (a dial's
+		// 500 ms is past it); the exporter once Hubble's event arrives.
+		agent := agentPolicyDrops(agentDrops(t, lab), "cpu-b1") - agentPolicyDrops(agent0, "cpu-b1")
 		hub := policyDrops(t, n, master, port, since)
 		var zw, all float64
-		deadline := time.Now().Add(20 * time.Second)
+		deadline := time.Now().Add(time.Minute)
 		for {
 			zw = sumExporters(t, addrs, "zonewatch_job_policy_drops_total", selected) - zw0
 			all = sumExporters(t, addrs, "zonewatch_job_policy_drops_total", map[string]string{"job_name": job}) - all0
@@ -156,4 +159,15 @@ func TestCiliumLabAllowListFence(t *testing.T) {
 		}
 	}
 	t.Logf("TestCiliumLabAllowListFence: %s", time.Since(began).Round(time.Millisecond))
+}
+
+// agentPolicyDrops sums an agentDrops reading's policy drops on one node.
+func agentPolicyDrops(drops map[string]float64, node string) float64 {
+	var n float64
+	for k, v := range drops {
+		if strings.HasPrefix(k, node+" ") && strings.Contains(k, "Policy denied") {
+			n += v
+		}
+	}
+	return n
 }
