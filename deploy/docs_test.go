@@ -1,38 +1,15 @@
 package deploy
 
 import (
-	"os"
 	"path/filepath"
 	"regexp"
 	"slices"
 	"sort"
 	"strings"
 	"testing"
-)
 
-// docPassage returns the text of file from the line holding marker to the
-// next blank line (to the next line starting with end, when end is set).
-func docPassage(t *testing.T, file, marker, end string) string {
-	t.Helper()
-	b, err := os.ReadFile(file)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := string(b)
-	i := strings.Index(s, marker)
-	if i < 0 {
-		t.Fatalf("%s no longer says %q: update this test to where it lists the watched resources", file, marker)
-	}
-	s = s[i:]
-	sep := "\n\n"
-	if end != "" {
-		sep = "\n" + end
-	}
-	if j := strings.Index(s, sep); j >= 0 {
-		s = s[:j]
-	}
-	return s
-}
+	"github.com/zonewatch/zonewatch/internal/testenv"
+)
 
 var watchRow = regexp.MustCompile("^\\| `([a-z]+)` \\| `?([a-z0-9.-]+)`? \\|")
 
@@ -51,7 +28,7 @@ func TestWatchedResourcesDocumented(t *testing.T) {
 		}
 	}
 
-	table := docPassage(t, "../docs/topology.md", "| resource | API group |", "")
+	table := testenv.DocPassage(t, "../docs/topology.md", "| resource | API group |", "")
 	got := map[string]bool{}
 	for _, line := range strings.Split(table, "\n") {
 		m := watchRow.FindStringSubmatch(line)
@@ -79,7 +56,7 @@ func TestWatchedResourcesDocumented(t *testing.T) {
 		{filepath.Join(chartDir, "values.yaml"), "\nrbac:\n", "  create:"},
 		{"../SECURITY.md", "The Helm chart's defaults", ""},
 	} {
-		text := docPassage(t, doc.file, doc.marker, doc.end)
+		text := testenv.DocPassage(t, doc.file, doc.marker, doc.end)
 		for _, k := range sortedKeys(want) {
 			res := k[strings.Index(k, "/")+1:]
 			if !regexp.MustCompile(`(?i)\b` + res + `\b`).MatchString(text) {
@@ -88,7 +65,7 @@ func TestWatchedResourcesDocumented(t *testing.T) {
 		}
 	}
 
-	readme := docPassage(t, "../README.md", "Its ClusterRole allows only list and watch", "")
+	readme := testenv.DocPassage(t, "../README.md", "Its ClusterRole allows only list and watch", "")
 	if !strings.Contains(readme, "(docs/topology.md#what-the-exporter-watches)") {
 		t.Errorf("README.md's ClusterRole sentence does not link docs/topology.md#what-the-exporter-watches:\n%s", readme)
 	}

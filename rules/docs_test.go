@@ -8,6 +8,8 @@ import (
 	"sort"
 	"strings"
 	"testing"
+
+	"github.com/zonewatch/zonewatch/internal/testenv"
 )
 
 // The places that list the rule pack's groups and alerts, against what the
@@ -19,26 +21,6 @@ var (
 	readmeAlertRow = regexp.MustCompile(`^\| \[(Zonewatch[A-Za-z]+)\]\(docs/runbooks\.md#([a-z]+)\) \| ([a-z]+) \|.*\| ([^|]+) \|$`)
 	recordRow      = regexp.MustCompile("^\\| `([a-z_]+:[a-z0-9_]+:[a-z0-9_]+)` \\|")
 )
-
-// passage returns the text of file from the line holding marker to the
-// next blank line, where the groups are listed.
-func passage(t *testing.T, file, marker string) string {
-	t.Helper()
-	b, err := os.ReadFile(file)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := string(b)
-	i := strings.Index(s, marker)
-	if i < 0 {
-		t.Fatalf("%s no longer says %q: update this test to where it lists the rule groups", file, marker)
-	}
-	s = s[i:]
-	if j := strings.Index(s, "\n\n"); j >= 0 {
-		s = s[:j]
-	}
-	return s
-}
 
 func sortedSet(in []string) []string {
 	out := slices.Clone(in)
@@ -64,7 +46,7 @@ func TestDocsListTheRuleGroups(t *testing.T) {
 		{"README.md", "Rule health lists"},
 		{"deploy/helm/zonewatch/templates/NOTES.txt", "Rule health lists"},
 	} {
-		got := sortedSet(groupName.FindAllString(passage(t, filepath.Join(root, doc.file), doc.marker), -1))
+		got := sortedSet(groupName.FindAllString(testenv.DocPassage(t, filepath.Join(root, doc.file), doc.marker, ""), -1))
 		if !slices.Equal(got, want) {
 			t.Errorf("%s lists the rule groups %v, the rule files have %v", doc.file, got, want)
 		}

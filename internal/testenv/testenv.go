@@ -18,6 +18,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -274,4 +275,30 @@ func (s *SyncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+// DocPassage returns the text of a doc file from the line holding marker
+// to the next blank line (to the next line starting with end, when end is
+// set): the part of a doc a drift test holds to the code. It fails the test
+// when the doc no longer holds marker.
+func DocPassage(t testing.TB, file, marker, end string) string {
+	t.Helper()
+	b, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := string(b)
+	i := strings.Index(s, marker)
+	if i < 0 {
+		t.Fatalf("%s no longer says %q: update this test to where the doc lists it now", file, marker)
+	}
+	s = s[i:]
+	sep := "\n\n"
+	if end != "" {
+		sep = "\n" + end
+	}
+	if j := strings.Index(s, sep); j >= 0 {
+		s = s[:j]
+	}
+	return s
 }
