@@ -12,7 +12,6 @@ import (
 	"os"
 	"slices"
 	"sort"
-	"strings"
 	"time"
 
 	flowpb "github.com/cilium/cilium/api/v1/flow"
@@ -165,8 +164,11 @@ func Run(in Input) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
+	// every label value a drop got -> every policy behind it: the label
+	// names fence.MaxNamed and "+N", the report names them all.
+	named := &allNamed{set: fences, full: map[string][]string{}}
 	if fences != nil {
-		agg.SetFences(fences)
+		agg.SetFences(named)
 	}
 	own := map[jobKey]*ownTraffic{}
 	for _, path := range in.Flows {
@@ -203,7 +205,7 @@ func Run(in Input) (*Report, error) {
 			}
 			names := []string{p}
 			if k.PolicySource == hubble.PolicySourceSelected {
-				names = strings.Split(p, ",") // several that each deny
+				names = named.full[p] // several that each deny
 			}
 			for _, p := range names {
 				if !slices.Contains(policies[jk], p) {
@@ -278,6 +280,27 @@ func Run(in Input) (*Report, error) {
 		rep.Jobs = append(rep.Jobs, j)
 	}
 	return rep, nil
+}
+
+// allNamed names a drop's fences as the exporter does, and keeps every
+// policy behind each label value, which names at most fence.MaxNamed of
+// them and then "+N" (not a policy).
+type allNamed struct {
+	set  *fence.Set
+	full map[string][]string
+}
+
+func (a *allNamed) Name(egress bool, subject, peer uint32, proto uint8, port uint16) string {
+	v := a.set.Name(egress, subject, peer, proto, port)
+	if v == "" {
+		return v
+	}
+	for _, r := range a.set.DenyingIDs(egress, subject, peer, proto, port) {
+		if n := r.String(); !slices.Contains(a.full[v], n) {
+			a.full[v] = append(a.full[v], n)
+		}
+	}
+	return v
 }
 
 // readFlows feeds one flow file through the aggregator. Bad lines are

@@ -2,6 +2,9 @@ package analyze
 
 import (
 	"bytes"
+	"encoding/json"
+	"os"
+	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
@@ -43,5 +46,64 @@ func TestAllowListFenceNamed(t *testing.T) {
 	}
 	if j := rep.Jobs[0]; len(j.DenyingPolicies) != 0 || len(j.SelectedPolicies) != 0 {
 		t.Errorf("without --policies: denying %v, selected %v", j.DenyingPolicies, j.SelectedPolicies)
+	}
+}
+
+// A drop that more than fence.MaxNamed policies each deny: the exporter's
+// label names three and "+N" for the rest, but "+N" is no policy, and
+// analyze (whose output is not a label) names every one of them.
+func TestSelectedPoliciesNeverPlusN(t *testing.T) {
+	raw, err := os.ReadFile(td("allow-list-fence", "policies.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var list struct {
+		APIVersion string           `json:"apiVersion"`
+		Kind       string           `json:"kind"`
+		Items      []map[string]any `json:"items"`
+	}
+	if err := json.Unmarshal(raw, &list); err != nil {
+		t.Fatal(err)
+	}
+	// Two more copies of chief-fence: five policies each deny the drops.
+	for _, it := range list.Items {
+		md := it["metadata"].(map[string]any)
+		if md["name"] != "chief-fence" {
+			continue
+		}
+		for _, name := range []string{"chief-fence-2", "chief-fence-3"} {
+			b, _ := json.Marshal(it)
+			var cp map[string]any
+			if err := json.Unmarshal(b, &cp); err != nil {
+				t.Fatal(err)
+			}
+			cp["metadata"].(map[string]any)["name"] = name
+			list.Items = append(list.Items, cp)
+		}
+		break
+	}
+	out, _ := json.Marshal(list)
+	path := filepath.Join(t.TempDir(), "policies.json")
+	if err := os.WriteFile(path, out, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var warn bytes.Buffer
+	rep, err := Run(Input{Nodes: td("nodes.json"), Pods: td("allow-list-fence", "pods.json"),
+		Flows: []string{td("allow-list-fence", "gpu-b1.jsonl")}, Policies: path, Warn: &warn})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"ml-team/chief-fence", "ml-team/chief-fence-2", "ml-team/chief-fence-3",
+		"ml-team/workers-allowed-on-other-port", "zone-fence"}
+	j := rep.Jobs[0]
+	if !reflect.DeepEqual(j.SelectedPolicies, want) || !reflect.DeepEqual(j.DenyingPolicies, want) {
+		t.Errorf("selected %v, denying %v, want both %v", j.SelectedPolicies, j.DenyingPolicies, want)
+	}
+	var text bytes.Buffer
+	if err := rep.WriteText(&text); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(text.String(), "+2") {
+		t.Errorf("the text output names +2:\n%s", text.String())
 	}
 }

@@ -142,6 +142,20 @@ func (s *Set) Name(egress bool, subject, peer uint32, proto uint8, port uint16) 
 	return v
 }
 
+// DenyingIDs returns every policy that alone denies a default-deny drop
+// between the identities, uncapped (Name's value names MaxNamed and
+// counts the rest); nil when an identity's labels are not known.
+func (s *Set) DenyingIDs(egress bool, subject, peer uint32, proto uint8, port uint16) []Ref {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	sl, ok1 := s.labelsOf(subject)
+	pl, ok2 := s.labelsOf(peer)
+	if !ok1 || !ok2 {
+		return nil
+	}
+	return s.denying(&Flow{Egress: egress, Subject: sl, Peer: pl, Proto: proto, Port: port})
+}
+
 // NameLabels is Name for labels at hand (a flow file's whole flows carry
 // them).
 func (s *Set) NameLabels(f *Flow) string {
