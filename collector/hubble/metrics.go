@@ -185,12 +185,17 @@ type Aggregator struct {
 	// fences names the policies of default-deny drops (nil: none).
 	fences Fences
 
-	// named counts the peer workloads each job names in peerDrops.
+	// named holds the peer workloads each job names in peerDrops: a
+	// peer holds one slot whatever its series (a fence named once the
+	// informers sync makes a second one).
 	mu    sync.Mutex
-	named map[jobRef]int
+	named map[jobRef]map[peerRef]struct{}
 }
 
 type jobRef struct{ namespace, name string }
+
+// peerRef is a named peer: its namespace and workload.
+type peerRef struct{ namespace, workload string }
 
 // NewAggregator returns an aggregator for flows observed on node (empty:
 // any node). Counters of a job gone from topo stay for grace, then go.
@@ -205,7 +210,7 @@ func NewAggregator(topo Topology, node string, grace time.Duration, m *Metrics) 
 		drops:     jobcounter.New[DropKey](policyDropsDesc, topo, grace),
 		events:    jobcounter.New[EventKey](flowEventsDesc, topo, grace),
 		peerDrops: jobcounter.New[PeerDropKey](peerDropsDesc, topo, grace),
-		named:     map[jobRef]int{},
+		named:     map[jobRef]map[peerRef]struct{}{},
 	}
 }
 
@@ -253,12 +258,18 @@ func (a *Aggregator) addPeerDrop(r *Result) {
 		PeerNamespace: r.PeerNamespace, PeerWorkload: r.PeerWorkload, Locality: r.Locality,
 		PolicyNamespace: r.PolicyNamespace, PolicyName: r.PolicyName, PolicySource: r.PolicySource}
 	if k.PeerWorkload != "" && a.peerDrops.Value(k) == 0 {
-		j := jobRef{k.Namespace, k.Job}
+		j, p := jobRef{k.Namespace, k.Job}, peerRef{k.PeerNamespace, k.PeerWorkload}
 		a.mu.Lock()
-		if a.named[j] < MaxNamedPeers {
-			a.named[j]++
-		} else {
-			k.PeerNamespace, k.PeerWorkload = "", ""
+		peers := a.named[j]
+		if _, ok := peers[p]; !ok {
+			switch {
+			case peers == nil:
+				a.named[j] = map[peerRef]struct{}{p: {}}
+			case len(peers) < MaxNamedPeers:
+				peers[p] = struct{}{}
+			default:
+				k.PeerNamespace, k.PeerWorkload = "", ""
+			}
 		}
 		a.mu.Unlock()
 	}

@@ -9,6 +9,7 @@ import (
 	flowpb "github.com/cilium/cilium/api/v1/flow"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/zonewatch/zonewatch/collector/fence"
 	"github.com/zonewatch/zonewatch/topology"
 )
 
@@ -79,5 +80,53 @@ func TestPeerBudgetHeldWhileItsSeriesRemain(t *testing.T) {
 	dropToward(MaxNamedPeers, MaxNamedPeers)
 	if n := named(); n > MaxNamedPeers {
 		t.Errorf("%d named peer series of one job on this exporter, want at most %d (zonewatch_job_peer_policy_drops_total's bound)", n, MaxNamedPeers)
+	}
+}
+
+// The budget is spent per peer, not per series: a peer whose drops were
+// counted before the policies were read (policy "", a fence not yet named)
+// and again once they are (the fence named: a second series) holds one
+// named slot, so MaxNamedPeers distinct peers are all named.
+func TestPeerBudgetSpentPerPeerNotPerSeries(t *testing.T) {
+	agg := NewAggregator(indexOf(testScenario()), "", time.Hour, nil)
+	set := fence.NewSet()
+	agg.SetFences(set)
+	const workerID = 30100
+	set.PutIdentity(workerID, fence.ParseLabels(map[string]string{"k8s:app": "llm-worker", "k8s:io.kubernetes.pod.namespace": "ml-team"}))
+	drop := func(i int) {
+		f := policyDrop("gpu-a2", llmWorker, podEP{"data", fmt.Sprintf("svc-%d-0", i), "10.244.7.9", "gpu-c1"})
+		f.IngressDeniedBy, f.EgressDeniedBy = nil, nil // a default deny: Cilium names none
+		f.Source.Identity = workerID
+		f.Destination.Identity = uint32(40000 + i)
+		f.Destination.Workloads = []*flowpb.Workload{{Name: fmt.Sprintf("svc-%d", i), Kind: "Deployment"}}
+		set.PutIdentity(uint32(40000+i), fence.ParseLabels(map[string]string{"k8s:app": fmt.Sprintf("svc-%d", i), "k8s:io.kubernetes.pod.namespace": "data"}))
+		agg.Observe(f)
+	}
+	drop(0) // before the policies synced: policy=""
+	p, err := fence.Parse([]byte(`{"metadata":{"namespace":"ml-team","name":"worker-egress"},
+	  "spec":{"endpointSelector":{"matchLabels":{"app":"llm-worker"}},"egress":[{"toEndpoints":[{"matchLabels":{"app":"nobody"}}]}]}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	set.Put(p)
+	for i := range MaxNamedPeers {
+		drop(i) // the fence named from now on
+	}
+	workloads := map[string]bool{}
+	policies := map[string]bool{}
+	agg.PeerDrops().Each(func(k PeerDropKey, _ float64) {
+		workloads[k.PeerWorkload] = true
+		policies[k.PolicyName] = true
+	})
+	if !policies[""] || !policies["ml-team/worker-egress"] {
+		t.Fatalf("policies %v: want the peer counted unnamed, then named", policies)
+	}
+	for i := range MaxNamedPeers {
+		if w := fmt.Sprintf("svc-%d", i); !workloads[w] {
+			t.Errorf("peer %s not named (named: %v): its slot went to svc-0's second series", w, workloads)
+		}
+	}
+	if workloads[""] {
+		t.Errorf("a peer counted without its name: %v", workloads)
 	}
 }
