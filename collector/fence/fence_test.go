@@ -84,7 +84,7 @@ func TestSetNamesInStableBoundedOrder(t *testing.T) {
 		}
 		return `{` + kind + `"metadata":{` + meta + `},"spec":{"endpointSelector":{"matchLabels":{"app":"m"}},"ingress":[{"fromEndpoints":[{"matchLabels":{"app":"nobody"}}]}]}}`
 	}
-	for _, r := range []Ref{{"ml-team", "b"}, {"", "zz"}, {"ml-team", "a"}, {"", "c"}, {"ml-team", "c"}} {
+	for _, r := range []Ref{{"ml-team", "b", ""}, {"", "zz", ""}, {"ml-team", "a", ""}, {"", "c", ""}, {"ml-team", "c", ""}} {
 		s.Put(mustParse(t, mk(r.Namespace, r.Name)))
 	}
 	s.PutIdentity(1001, pod("ml-team", "app", "m"))
@@ -97,8 +97,8 @@ func TestSetNamesInStableBoundedOrder(t *testing.T) {
 		t.Errorf("a peer identity without labels named %q", got)
 	}
 	// The memo forgets on change.
-	s.Delete(Ref{"", "c"})
-	s.Delete(Ref{"", "zz"})
+	s.Delete(Ref{Name: "c"})
+	s.Delete(Ref{Name: "zz"})
 	if got := s.Name(false, 1001, 1002, ProtoTCP, 29500); got != "ml-team/a,ml-team/b,ml-team/c" {
 		t.Errorf("after deletes: %q", got)
 	}

@@ -7,7 +7,8 @@
 // zonewatch names, itself, the CiliumNetworkPolicies and
 // CiliumClusterwideNetworkPolicies that select the denying endpoint in the
 // drop's direction and allow none of the peer on the drop's port: each of
-// them alone would deny the packet.
+// them alone would deny the packet. Kubernetes NetworkPolicies are read
+// as the rules Cilium translates them into (netpol.go).
 //
 // Selectors are evaluated on the security identities' labels with
 // Cilium's semantics (label sources, the "any" source, reserved entities,

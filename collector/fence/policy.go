@@ -8,8 +8,10 @@ import (
 	"strings"
 )
 
-// Ref names a policy: Namespace is empty for a cluster-wide one.
-type Ref struct{ Namespace, Name string }
+// Ref names a policy: Namespace is empty for a cluster-wide one; Kind is
+// empty for Cilium's policies, KindNetworkPolicy for a Kubernetes
+// NetworkPolicy (which may share a CiliumNetworkPolicy's name).
+type Ref struct{ Namespace, Name, Kind string }
 
 // String is "namespace/name", or "name" for a cluster-wide policy (the
 // policy label's form).
@@ -24,7 +26,10 @@ func (r Ref) less(o Ref) bool {
 	if r.Namespace != o.Namespace {
 		return r.Namespace < o.Namespace
 	}
-	return r.Name < o.Name
+	if r.Name != o.Name {
+		return r.Name < o.Name
+	}
+	return r.Kind < o.Kind
 }
 
 // Object is the part of a CiliumNetworkPolicy or
@@ -109,6 +114,7 @@ type rule struct {
 // entry is one allow or deny entry.
 type entry struct {
 	none bool // an explicitly empty peer list: selects nobody
+	all  bool // every peer (a NetworkPolicy rule without from or to)
 	// peers are the evaluated peer selectors; otherPeers: the entry has
 	// peers of kinds zonewatch does not evaluate (CIDR, FQDN, ...).
 	peers      []selector
@@ -451,6 +457,8 @@ func (e *entry) match(f *Flow, cluster string) match {
 	}
 	peer := matchNo
 	switch {
+	case e.all:
+		peer = matchYes
 	case len(e.peers) == 0 && !e.otherPeers:
 		// No L3 part: every peer on the entry's ports; nobody without.
 		if !e.anyPort {

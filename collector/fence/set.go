@@ -165,6 +165,8 @@ func (s *Set) NameLabels(f *Flow) string {
 // Join renders policies as a label value: at most MaxNamed names joined
 // by commas, then "+N" for the rest.
 func Join(refs []Ref) string {
+	// A NetworkPolicy and a CiliumNetworkPolicy of one name are one name.
+	refs = slices.CompactFunc(slices.Clone(refs), func(a, b Ref) bool { return a.String() == b.String() })
 	var b strings.Builder
 	for i, r := range refs {
 		if i == MaxNamed {
