@@ -13,8 +13,8 @@ import (
 // starts and names default-deny drops from it.
 func init() { register("fence", &fencePart{}) }
 
-// fencePart watches CiliumNetworkPolicies, CiliumClusterwideNetworkPolicies
-// and CiliumIdentities, so that a default-deny drop, which Cilium names no
+// fencePart watches CiliumNetworkPolicies, CiliumClusterwideNetworkPolicies,
+// Kubernetes NetworkPolicies and CiliumIdentities, so that a default-deny drop, which Cilium names no
 // policy of, is counted with the policies that select the denying endpoint
 // and allow none of the peer (policy_source="selected").
 type fencePart struct {
@@ -23,7 +23,7 @@ type fencePart struct {
 }
 
 func (p *fencePart) flags(cmd *kingpin.CmdClause) {
-	p.enabled = flagOf(cmd, "fence.enabled", "Name the policies behind default-deny drops from the cluster's CiliumNetworkPolicies, CiliumClusterwideNetworkPolicies and CiliumIdentities (--no-fence.enabled: such drops name no policy).").Default("true").Bool()
+	p.enabled = flagOf(cmd, "fence.enabled", "Name the policies behind default-deny drops from the cluster's CiliumNetworkPolicies, CiliumClusterwideNetworkPolicies, Kubernetes NetworkPolicies and CiliumIdentities (--no-fence.enabled: such drops name no policy).").Default("true").Bool()
 	p.resync = flagOf(cmd, "fence.resync", "Resync period of the policy and identity informers (0: none).").Default("0s").Duration()
 }
 
@@ -48,7 +48,7 @@ func (p *fencePart) start(ctx context.Context, w *wiring, in *inputs) error {
 	go func() {
 		if live.Run(ctx) {
 			n, ids := set.Len()
-			w.logger.Info("cilium policies and identities synced", "policies", n, "identities", ids)
+			w.logger.Info("policies and identities synced", "policies", n, "identities", ids)
 		}
 	}()
 	return nil

@@ -21,14 +21,16 @@ import (
 	"github.com/zonewatch/zonewatch/collector/kube"
 )
 
-// The Cilium resources the informers watch (cilium.io/v2).
+// The resources the informers watch: Cilium's (cilium.io/v2) and
+// Kubernetes NetworkPolicies, which Cilium enforces too.
 var (
 	CNPResource      = schema.GroupVersionResource{Group: "cilium.io", Version: "v2", Resource: "ciliumnetworkpolicies"}
 	CCNPResource     = schema.GroupVersionResource{Group: "cilium.io", Version: "v2", Resource: "ciliumclusterwidenetworkpolicies"}
 	IdentityResource = schema.GroupVersionResource{Group: "cilium.io", Version: "v2", Resource: "ciliumidentities"}
+	NetpolResource   = schema.GroupVersionResource{Group: "networking.k8s.io", Version: "v1", Resource: "networkpolicies"}
 	// ReadResources are what the fence's informers list and watch (the
 	// chart's ClusterRole grants exactly these; deploy's tests check it).
-	ReadResources = []schema.GroupVersionResource{CNPResource, CCNPResource, IdentityResource}
+	ReadResources = []schema.GroupVersionResource{CNPResource, CCNPResource, IdentityResource, NetpolResource}
 )
 
 // cached is what an informer keeps of one object: its parsed policy or
@@ -54,10 +56,10 @@ type Metrics struct {
 // NewMetrics registers the fence metrics with reg (nil: unregistered).
 func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{Skipped: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "zonewatch_fence_objects_skipped_total",
-		Help: "CiliumNetworkPolicy, CiliumClusterwideNetworkPolicy and CiliumIdentity objects zonewatch could not read (resource=ciliumnetworkpolicies|ciliumclusterwidenetworkpolicies|ciliumidentities); they name no fence."},
+		Help: "CiliumNetworkPolicy, CiliumClusterwideNetworkPolicy, CiliumIdentity and NetworkPolicy objects zonewatch could not read (resource=ciliumnetworkpolicies|ciliumclusterwidenetworkpolicies|ciliumidentities|networkpolicies); they name no fence."},
 		[]string{"resource"})}
-	for _, r := range []string{CNPResource.Resource, CCNPResource.Resource, IdentityResource.Resource} {
-		m.Skipped.WithLabelValues(r)
+	for _, r := range ReadResources {
+		m.Skipped.WithLabelValues(r.Resource)
 	}
 	if reg != nil {
 		reg.MustRegister(m.Skipped)
@@ -65,9 +67,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	return m
 }
 
-// Live feeds a Set from three small informers: CiliumNetworkPolicies of
-// every namespace, CiliumClusterwideNetworkPolicies and CiliumIdentities,
-// each kept as its parsed form (a policy's selectors, an identity's
+// Live feeds a Set from four small informers: CiliumNetworkPolicies and
+// Kubernetes NetworkPolicies of every namespace,
+// CiliumClusterwideNetworkPolicies and CiliumIdentities, each kept as its parsed form (a policy's selectors, an identity's
 // labels).
 type Live struct {
 	set     *Set
@@ -153,15 +155,19 @@ func (l *Live) transform(gvr schema.GroupVersionResource) cache.TransformFunc {
 		}
 		c := &cached{Namespace: u.GetNamespace(), Name: u.GetName(), ResourceVersion: u.GetResourceVersion()}
 		var err error
-		if gvr == IdentityResource {
+		switch gvr {
+		case IdentityResource:
 			c.id, c.labels, err = IdentityFrom(u.Object)
-		} else {
+		case NetpolResource:
+			c.policy, err = NetworkPolicyFrom(u.Object)
+			c.ref = Ref{Namespace: c.Namespace, Name: c.Name, Kind: KindNetworkPolicy}
+		default:
 			c.policy, err = PolicyFrom(u.Object, gvr == CCNPResource)
 			c.ref = Ref{Namespace: c.Namespace, Name: c.Name}
 		}
 		if err != nil {
 			l.m.Skipped.WithLabelValues(gvr.Resource).Inc()
-			l.logger.Warn("cilium object skipped: names no fence", "resource", gvr.Resource, "namespace", c.Namespace, "name", c.Name, "err", err)
+			l.logger.Warn("policy object skipped: names no fence", "resource", gvr.Resource, "namespace", c.Namespace, "name", c.Name, "err", err)
 		}
 		return c, nil
 	}
@@ -181,6 +187,15 @@ func PolicyFrom(obj map[string]any, clusterwide bool) (*Policy, error) {
 		o.Kind = "CiliumClusterwideNetworkPolicy"
 	}
 	return o.Parse()
+}
+
+// NetworkPolicyFrom parses a Kubernetes NetworkPolicy as decoded JSON.
+func NetworkPolicyFrom(obj map[string]any) (*Policy, error) {
+	b, err := json.Marshal(obj)
+	if err != nil {
+		return nil, err
+	}
+	return ParseNetworkPolicy(b)
 }
 
 // IdentityFrom reads a CiliumIdentity: its name is the numeric identity,

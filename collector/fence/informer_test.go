@@ -3,11 +3,19 @@ package fence
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"log/slog"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	dynamicfake "k8s.io/client-go/dynamic/fake"
 
 	"github.com/zonewatch/zonewatch/collector/kube"
 )
@@ -41,5 +49,55 @@ func TestWatchErrorNotServed(t *testing.T) {
 	l.watchError(denied, IdentityResource)(context.Background(), nil, apierrors.NewNotFound(IdentityResource.GroupResource(), ""))
 	if !strings.Contains(logs.String(), "level=WARN") {
 		t.Fatalf("the identity informer's first not-served error is not said:\n%s", logs.String())
+	}
+}
+
+// The informers read Kubernetes NetworkPolicies beside Cilium's policies:
+// one names the drop it denies, one that cannot be read is counted in
+// zonewatch_fence_objects_skipped_total{resource="networkpolicies"} and
+// names nothing, and a deleted one is forgotten.
+func TestLiveReadsNetworkPolicies(t *testing.T) {
+	np := func(name, spec string) *unstructured.Unstructured {
+		var o map[string]any
+		if err := json.Unmarshal([]byte(`{"apiVersion":"networking.k8s.io/v1","kind":"NetworkPolicy",
+		  "metadata":{"namespace":"ml-team","name":"`+name+`"},"spec":`+spec+`}`), &o); err != nil {
+			t.Fatal(err)
+		}
+		return &unstructured.Unstructured{Object: o}
+	}
+	scheme := runtime.NewScheme()
+	client := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(scheme, map[schema.GroupVersionResource]string{
+		CNPResource: "CiliumNetworkPolicyList", CCNPResource: "CiliumClusterwideNetworkPolicyList",
+		IdentityResource: "CiliumIdentityList", NetpolResource: "NetworkPolicyList",
+	}, np("coordinator-fence", `{"podSelector":{"matchLabels":{"role":"master"}},"ingress":[{"from":[{"podSelector":{"matchLabels":{"zone":"b"}}}]}]}`),
+		np("broken", `{"podSelector":{"matchExpressions":[{"key":"a","operator":"Near"}]}}`))
+	set := NewSet()
+	set.PutIdentity(1001, pod("ml-team", "role", "master"))
+	set.PutIdentity(1002, pod("ml-team", "zone", "a"))
+	m := NewMetrics(nil)
+	l, err := NewLive(client, set, 0, m, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if !l.Run(ctx) {
+		t.Fatal("not synced")
+	}
+	if got := set.Name(false, 1001, 1002, ProtoTCP, 29500); got != "ml-team/coordinator-fence" {
+		t.Errorf("named %q, want the NetworkPolicy", got)
+	}
+	if v := testutil.ToFloat64(m.Skipped.WithLabelValues("networkpolicies")); v != 1 {
+		t.Errorf("skipped networkpolicies %v, want 1", v)
+	}
+	if err := client.Resource(NetpolResource).Namespace("ml-team").Delete(ctx, "coordinator-fence", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for set.Name(false, 1001, 1002, ProtoTCP, 29500) != "" {
+		if time.Now().After(deadline) {
+			t.Fatal("a deleted NetworkPolicy is still named")
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }
