@@ -36,7 +36,8 @@ type Input struct {
 	Pods  string   // kubectl get pods -o json (or -o yaml)
 	Flows []string // hubble observe -o jsonpb / -o json, e.g. one per node
 	GPU   string   // a dcgm-exporter /metrics page; empty for none
-	// Policies is `kubectl get cnp,ccnp -A -o json` (or -o yaml): the
+	// Policies is `kubectl get cnp,ccnp -A -o json`, `kubectl get
+	// networkpolicies -A -o json` or one file with all kinds (or -o yaml): the
 	// fences a default-deny drop is named from (policy_source
 	// "selected"); empty for none.
 	Policies string

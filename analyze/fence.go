@@ -9,9 +9,10 @@ import (
 	"github.com/zonewatch/zonewatch/collector/fence"
 )
 
-// loadPolicies reads `kubectl get cnp,ccnp -A -o json` (a List, or the
+// loadPolicies reads `kubectl get cnp,ccnp -A -o json`, `kubectl get
+// networkpolicies -A -o json`, or one file with all kinds (a List, or the
 // objects themselves, JSON or YAML) into a fence set; nil without a file.
-// An object that is not a Cilium policy, or one that cannot be read, is
+// An object of another kind is left out; one that cannot be read is
 // skipped with a warning: it names no fence.
 func loadPolicies(path string, warn io.Writer) (*fence.Set, error) {
 	if path == "" {
@@ -48,10 +49,19 @@ func loadPolicies(path string, warn io.Writer) (*fence.Set, error) {
 		}
 		for _, it := range items {
 			kind, _ := it["kind"].(string)
-			if kind != "CiliumNetworkPolicy" && kind != "CiliumClusterwideNetworkPolicy" {
+			var p *fence.Policy
+			var err error
+			switch kind {
+			case "CiliumNetworkPolicy", "CiliumClusterwideNetworkPolicy":
+				p, err = fence.PolicyFrom(it, kind == "CiliumClusterwideNetworkPolicy")
+			case fence.KindNetworkPolicy:
+				if api, _ := it["apiVersion"].(string); api != "networking.k8s.io/v1" {
+					continue // not a Kubernetes NetworkPolicy
+				}
+				p, err = fence.NetworkPolicyFrom(it)
+			default:
 				continue
 			}
-			p, err := fence.PolicyFrom(it, kind == "CiliumClusterwideNetworkPolicy")
 			if err != nil {
 				skipped++
 				fmt.Fprintf(warn, "%s: %s skipped (names no fence): %v\n", path, kind, err)
@@ -62,7 +72,7 @@ func loadPolicies(path string, warn io.Writer) (*fence.Set, error) {
 		}
 	}
 	if n == 0 && skipped == 0 {
-		fmt.Fprintf(warn, "%s: no CiliumNetworkPolicy or CiliumClusterwideNetworkPolicy\n", path)
+		fmt.Fprintf(warn, "%s: no CiliumNetworkPolicy, CiliumClusterwideNetworkPolicy or NetworkPolicy\n", path)
 	}
 	return set, nil
 }

@@ -107,3 +107,54 @@ func TestSelectedPoliciesNeverPlusN(t *testing.T) {
 		t.Errorf("the text output names +2:\n%s", text.String())
 	}
 }
+
+// `kubectl get networkpolicies -A -o json`: a Kubernetes NetworkPolicy
+// that selects the chief and allows none of the workers names the drops;
+// one that allows them (a namespaceSelector and a port range), one with an
+// ipBlock (undecided), an egress-only one and one that cannot be read name
+// nothing. One file with every kind names both kinds.
+func TestNetworkPoliciesNamed(t *testing.T) {
+	var warn bytes.Buffer
+	in := Input{Nodes: td("nodes.json"), Pods: td("allow-list-fence", "pods.json"), Flows: []string{td("allow-list-fence", "gpu-b1.jsonl")},
+		Policies: td("allow-list-fence", "networkpolicies.json"), Warn: &warn}
+	rep, err := Run(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if j := rep.Jobs[0]; !reflect.DeepEqual(j.SelectedPolicies, []string{"ml-team/chief-netpol"}) {
+		t.Errorf("selected %v, want the NetworkPolicy chief-netpol alone", j.SelectedPolicies)
+	}
+	if !strings.Contains(warn.String(), "broken-netpol") {
+		t.Errorf("the unreadable NetworkPolicy is not reported: %q", warn.String())
+	}
+
+	// One file with all kinds.
+	var all struct {
+		Items []json.RawMessage `json:"items"`
+	}
+	for _, f := range []string{"policies.json", "networkpolicies.json"} {
+		var l struct {
+			Items []json.RawMessage `json:"items"`
+		}
+		b, err := os.ReadFile(td("allow-list-fence", f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := json.Unmarshal(b, &l); err != nil {
+			t.Fatal(err)
+		}
+		all.Items = append(all.Items, l.Items...)
+	}
+	b, _ := json.Marshal(map[string]any{"apiVersion": "v1", "kind": "List", "items": all.Items})
+	in.Policies = filepath.Join(t.TempDir(), "all.json")
+	if err := os.WriteFile(in.Policies, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if rep, err = Run(in); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"ml-team/chief-fence", "ml-team/chief-netpol", "ml-team/workers-allowed-on-other-port", "zone-fence"}
+	if j := rep.Jobs[0]; !reflect.DeepEqual(j.SelectedPolicies, want) {
+		t.Errorf("one file with every kind: selected %v, want %v", j.SelectedPolicies, want)
+	}
+}
