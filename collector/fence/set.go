@@ -130,10 +130,8 @@ func (s *Set) Name(egress bool, subject, peer uint32, proto uint8, port uint16) 
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	sl, ok1 := s.labelsOf(subject)
-	pl, ok2 := s.labelsOf(peer)
-	if ok1 && ok2 {
-		v = Join(s.denying(&Flow{Egress: egress, Subject: sl, Peer: pl, Proto: proto, Port: port}))
+	if refs := s.denyingIDsLocked(egress, subject, peer, proto, port); refs != nil {
+		v = Join(refs)
 	}
 	if len(s.names) >= maxMemo {
 		clear(s.names)
@@ -148,6 +146,11 @@ func (s *Set) Name(egress bool, subject, peer uint32, proto uint8, port uint16) 
 func (s *Set) DenyingIDs(egress bool, subject, peer uint32, proto uint8, port uint16) []Ref {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
+	return s.denyingIDsLocked(egress, subject, peer, proto, port)
+}
+
+// denyingIDsLocked is DenyingIDs with s.mu held (read or write).
+func (s *Set) denyingIDsLocked(egress bool, subject, peer uint32, proto uint8, port uint16) []Ref {
 	sl, ok1 := s.labelsOf(subject)
 	pl, ok2 := s.labelsOf(peer)
 	if !ok1 || !ok2 {
