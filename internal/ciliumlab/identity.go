@@ -103,13 +103,12 @@ func (p *Pod) settledOnce(ctx context.Context, want []string) (int64, string) {
 			continue
 		}
 		var known struct {
-			ID     int64    `json:"id"`
 			Labels []string `json:"labels"`
 		}
 		if err := n.getJSON(ctx, "/v1/identity/"+strconv.FormatInt(id, 10), &known); err != nil {
 			return 0, fmt.Sprintf("identity %d on %s: %v", id, n.Name, err)
 		}
-		if !slices.Equal(sorted(known.Labels), sorted(labels)) {
+		if !slices.Equal(slices.Sorted(slices.Values(known.Labels)), slices.Sorted(slices.Values(labels))) {
 			return 0, fmt.Sprintf("identity %d on %s has %v, on %s %v", id, n.Name, known.Labels, p.Node.Name, labels)
 		}
 	}
@@ -120,12 +119,6 @@ func (p *Pod) settledOnce(ctx context.Context, want []string) (int64, string) {
 type ipEntry struct {
 	CIDR     string `json:"cidr"`
 	Identity int64  `json:"identity"`
-}
-
-func sorted(s []string) []string {
-	s = slices.Clone(s)
-	slices.Sort(s)
-	return s
 }
 
 // CurrentIdentity reads, once, the identity of the pod's endpoint on its
