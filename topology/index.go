@@ -277,6 +277,10 @@ func (x *Index) UpsertPod(source int, p Pod) {
 	}
 	rec := &podRec{Pod: p, sources: sources}
 	x.pods[k] = rec
+	if x.remote != nil && p.Node == x.remote.node {
+		// A new endpoint here: the ipcache names its identity soon.
+		x.remote.kick()
+	}
 	jk := jobKey{p.Namespace, p.Identity.Name}
 	j := x.jobs[jk]
 	switch {

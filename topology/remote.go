@@ -80,6 +80,24 @@ type remoteJob struct {
 	ids map[uint32]bool
 }
 
+// Kick asks the node's ipcache for an early refresh, when it can be asked
+// (collector/ipcache's Reader can): an address it does not place yet, a
+// new endpoint on this node. It never blocks.
+func (x *Index) Kick() {
+	x.mu.RLock()
+	r := x.remote
+	x.mu.RUnlock()
+	if r != nil {
+		r.kick()
+	}
+}
+
+func (r *remoteView) kick() {
+	if k, ok := r.ipc.(interface{ Kick() }); ok {
+		k.Kick()
+	}
+}
+
 // SetRemote makes the index a per-node view (DaemonSet mode): it holds
 // the pods of node's jobs, and places every other address through the
 // node's ipcache (its node and zone by the node's address) and, with ids,
@@ -176,9 +194,15 @@ func (x *Index) remoteJobExistsLocked(jk jobKey) bool {
 	if rj == nil {
 		return false
 	}
+	has, cheap := r.ids.(interface{ HasIdentity(uint32) bool })
 	for id := range rj.ids {
-		if _, _, ok := r.ids.Labels(id); ok {
+		if cheap && has.HasIdentity(id) {
 			return true
+		}
+		if !cheap {
+			if _, _, ok := r.ids.Labels(id); ok {
+				return true
+			}
 		}
 	}
 	return false

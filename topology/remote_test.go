@@ -110,3 +110,42 @@ func TestRemoteView(t *testing.T) {
 		t.Fatalf("remote lookups allocate: %v allocs per run", allocs)
 	}
 }
+
+// kickingCilium counts the early reads the index asks for.
+type kickingCilium struct {
+	fakeCilium
+	kicks int
+}
+
+func (k *kickingCilium) Kick() { k.kicks++ }
+
+// TestNewLocalEndpointKicksTheIPCache: a job pod starting on this node
+// asks the ipcache for an early read (its identity is written there
+// seconds later; the default interval is 10 s); a pod on another node,
+// and an index without an ipcache that can be kicked, ask nothing.
+func TestNewLocalEndpointKicksTheIPCache(t *testing.T) {
+	x := testIndex()
+	k := &kickingCilium{fakeCilium: fakeCilium{entries: map[netip.Addr]RemoteEntry{}}}
+	x.SetRemote("n-a", k, k, DefaultRules())
+	pod := func(name, node string) Pod {
+		return Pod{Namespace: "ml", Name: name, Node: node, IPs: []netip.Addr{ip("10.244.1.99")},
+			Identity: Identity{Kind: "PyTorchJob", Name: "gpt", Role: RoleWorker}}
+	}
+	x.UpsertPod(0, pod("gpt-worker-1", "n-b"))
+	if k.kicks != 0 {
+		t.Fatalf("%d kicks for a remote pod", k.kicks)
+	}
+	x.UpsertPod(0, pod("gpt-worker-0", "n-a"))
+	if k.kicks != 1 {
+		t.Fatalf("%d kicks for a new local pod, want 1", k.kicks)
+	}
+	x.Kick()
+	if k.kicks != 2 {
+		t.Fatalf("Index.Kick: %d kicks, want 2", k.kicks)
+	}
+	plain := testIndex()
+	plain.SetRemote("n-a", &fakeCilium{}, nil, DefaultRules())
+	plain.UpsertPod(0, pod("gpt-worker-0", "n-a"))
+	plain.Kick() // nothing to kick: no panic
+	NewIndex().Kick()
+}

@@ -45,6 +45,9 @@ func (p *fencePart) start(ctx context.Context, w *wiring, in *inputs) error {
 		return err
 	}
 	in.fences = set
+	if in.identities != nil {
+		in.identities.set.Store(set)
+	}
 	go func() {
 		if live.Run(ctx) {
 			n, ids := set.Len()

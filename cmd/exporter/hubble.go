@@ -67,6 +67,9 @@ func (p *hubblePart) start(ctx context.Context, w *wiring, in *inputs) error {
 	if in.fences != nil {
 		agg.SetFences(in.fences)
 	}
+	// A live view catches up with new pods: hold what it cannot yet place.
+	agg.SetHold(hubble.DefaultHold)
+	go agg.Run(ctx)
 	client := hubble.NewClient(cfg, agg)
 	w.exporter.Add("hubble", agg)
 	w.exporter.AddSource("hubble", client)

@@ -30,6 +30,9 @@ type inputs struct {
 	// fences is the fence part's policy set, which the hubble part names
 	// default-deny drops from; nil when off.
 	fences *fence.Set
+	// identities names remote pods' jobs in the per-node view from the
+	// fence part's identities (set by startKube, filled by the fence part).
+	identities *fenceIdentities
 	// hubble is the Observer's address and TLS; the part adds the rest.
 	hubble hubble.Config
 	gpu    gpuInput

@@ -42,19 +42,23 @@ func (p *ipcachePart) start(context.Context, *wiring, *inputs) error { return ni
 
 // startIPCache starts the reader of the node's ipcache
 // (zonewatch_source_up{source="ipcache"}) and returns it as the index's
-// IPCache.
-func startIPCache(ctx context.Context, w *wiring, in *inputs) (topology.IPCache, error) {
+// IPCache, and the reader (readiness waits for its first read).
+func startIPCache(ctx context.Context, w *wiring, in *inputs) (topology.IPCache, *ipcache.Reader, error) {
 	r, err := ipcache.New(in.ipcache, ipcache.Config{Logger: w.logger.With("component", "ipcache"), Self: w.self})
 	if err != nil {
-		return nil, fmt.Errorf("ipcache reader: %w", err)
+		return nil, nil, fmt.Errorf("ipcache reader: %w", err)
 	}
 	w.exporter.AddSource("ipcache", r)
 	go r.Run(ctx, in.ipcacheInterval)
-	return ipcacheView{r}, nil
+	return ipcacheView{r}, r, nil
 }
 
 // ipcacheView gives the index the reader's entries.
 type ipcacheView struct{ r *ipcache.Reader }
+
+// Kick asks for an early read (the index asks: a new endpoint here, an
+// address of a flow it could not give a job).
+func (v ipcacheView) Kick() { v.r.Kick() }
 
 func (v ipcacheView) Lookup(a netip.Addr) (topology.RemoteEntry, bool) {
 	e, ok := v.r.Lookup(a)

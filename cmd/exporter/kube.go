@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime/debug"
+	"sync/atomic"
 	"time"
 
 	"k8s.io/client-go/dynamic"
@@ -15,6 +16,8 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/zonewatch/zonewatch/collector"
+	"github.com/zonewatch/zonewatch/collector/fence"
+	"github.com/zonewatch/zonewatch/collector/ipcache"
 	"github.com/zonewatch/zonewatch/collector/kube"
 	"github.com/zonewatch/zonewatch/topology"
 )
@@ -31,12 +34,15 @@ func startKube(ctx context.Context, w *wiring, in *inputs, rules []topology.Rule
 	var live *kube.Live
 	var factories []informers.SharedInformerFactory
 	var err error
+	var reader *ipcache.Reader
 	if w.nodeName != "" && in.ipcache != nil {
-		ipc, err := startIPCache(ctx, w, in)
+		var ipc topology.IPCache
+		ipc, reader, err = startIPCache(ctx, w, in)
 		if err != nil {
 			return nil, err
 		}
-		w.index.SetRemote(w.nodeName, ipc, nil, rules)
+		in.identities = &fenceIdentities{}
+		w.index.SetRemote(w.nodeName, ipc, in.identities, rules)
 		live, factories, err = kube.NewLocal(in.kube, w.index, rules, w.nodeName, resync, logger)
 		if err != nil {
 			return nil, fmt.Errorf("setting up informers: %w", err)
@@ -58,7 +64,15 @@ func startKube(ctx context.Context, w *wiring, in *inputs, rules []topology.Rule
 	}
 	feed := kubeFeed{live, svcs}
 	w.exporter.AddSource("kubernetes", feed)
+	// Ready (and the conntrack growth released) once the informers have
+	// synced and, in the per-node view, the ipcache has been read once
+	// (read or failed: a node whose map cannot be read still serves, with
+	// zonewatch_source_up{source="ipcache"} 0): before that a remote
+	// pod's address would be placed by the pod CIDRs alone.
 	w.synced = feed.Up
+	if reader != nil {
+		w.synced = func() bool { return feed.Up() && reader.Tried() }
+	}
 	// The placement series are served beside the registry
 	// (collector.Gatherer), not through it: at 2,000 jobs a Relay scrape
 	// takes 16 ms and 208 allocations instead of 46 ms and 48k
@@ -86,6 +100,25 @@ func startKube(ctx context.Context, w *wiring, in *inputs, rules []topology.Rule
 		debug.FreeOSMemory()
 	}()
 	return placement, nil
+}
+
+// fenceIdentities gives the per-node view the labels of security
+// identities, from the fence part's CiliumIdentity informer once it has
+// started (none before, none with --no-fence.enabled): a remote pod of a
+// job with no pod on this node is then named by its identity's job, so its
+// drops here count for that job as in the cluster-wide view.
+type fenceIdentities struct{ set atomic.Pointer[fence.Set] }
+
+func (f *fenceIdentities) Labels(id uint32) (string, map[string]string, bool) {
+	if s := f.set.Load(); s != nil {
+		return s.Labels(id)
+	}
+	return "", nil, false
+}
+
+func (f *fenceIdentities) HasIdentity(id uint32) bool {
+	s := f.set.Load()
+	return s != nil && s.HasIdentity(id)
 }
 
 // kubeFeed is the Kubernetes source: up once every informer has synced.

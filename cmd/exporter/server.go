@@ -34,7 +34,7 @@ func serveHTTP(ctx context.Context, o *options, logger *slog.Logger, g prometheu
 	// that should say why would lose its data.
 	mux.HandleFunc("/readyz", func(rw http.ResponseWriter, _ *http.Request) {
 		if !synced() {
-			http.Error(rw, "kubernetes informers not synced", http.StatusServiceUnavailable)
+			http.Error(rw, "kubernetes informers not synced, or the ipcache not read yet", http.StatusServiceUnavailable)
 			return
 		}
 		if ok, down := e.SourcesUp(); !ok {

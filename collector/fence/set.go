@@ -77,6 +77,39 @@ func (s *Set) Len() (policies, identities int) {
 	return len(s.policies), len(s.ids)
 }
 
+// Labels gives a cluster identity's namespace and pod labels (its k8s
+// labels but Cilium's own: io.kubernetes.pod.namespace, io.cilium.*), as
+// the per-node view names a remote pod's job from its identity
+// (topology.Identities); false for an identity not known here or without
+// a namespace (reserved, CIDR).
+func (s *Set) Labels(id uint32) (namespace string, labels map[string]string, ok bool) {
+	s.mu.RLock()
+	ls, known := s.ids[id]
+	s.mu.RUnlock()
+	if !known {
+		return "", nil, false
+	}
+	namespace, ok = ls.lookup(SourceK8s, LabelNamespace)
+	if !ok {
+		return "", nil, false
+	}
+	labels = make(map[string]string, len(ls))
+	for _, l := range ls {
+		if l.Source == SourceK8s && l.Key != LabelNamespace && !strings.HasPrefix(l.Key, "io.cilium.") {
+			labels[l.Key] = l.Value
+		}
+	}
+	return namespace, labels, true
+}
+
+// HasIdentity reports whether the set knows an identity's labels.
+func (s *Set) HasIdentity(id uint32) bool {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	_, ok := s.ids[id]
+	return ok
+}
+
 // labelsOf returns an identity's labels: a reserved one's, else those
 // recorded. Identities of the local scope (CIDR, FQDN: 1<<24 | n) are
 // allocated by each agent and not known here.

@@ -169,7 +169,12 @@ func (c *Classifier) Classify(f *flowpb.Flow) Result {
 }
 
 // ClassifyFields classifies a flow's Fields without allocating.
-func (c *Classifier) ClassifyFields(f *Fields) Result {
+func (c *Classifier) ClassifyFields(f *Fields) Result { return c.classify(f, true) }
+
+// classify classifies f; pairing says whether a drop event is paired with
+// the other event of its packet (not again when a held flow is retried:
+// its pairing was decided when it arrived).
+func (c *Classifier) classify(f *Fields, pairing bool) Result {
 	var r Result
 	r.Node = observingNode(f.NodeName)
 	if r.Node == "" {
@@ -200,7 +205,7 @@ func (c *Classifier) ClassifyFields(f *Fields) Result {
 		// refused a request on a forwarded connection; no packet was
 		// dropped. Not counted (the client does not even ask for them).
 	case f.Verdict == flowpb.Verdict_DROPPED:
-		if (event == eventDrop || event == eventPolicyVerdict) && c.pair(f, event) {
+		if pairing && (event == eventDrop || event == eventPolicyVerdict) && c.pair(f, event) {
 			break // the other event of this packet counted it
 		}
 		r.Count, r.Verdict = Dropped, VerdictDropped

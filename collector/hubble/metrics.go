@@ -18,6 +18,9 @@ var (
 	flowEventsDesc = prometheus.NewDesc("zonewatch_job_flow_events_total",
 		"Hubble flow events of a training job: forwarded events once on the sending node (replies not counted), drops where they happen. peer is the other side's relation to the job (job, cluster, world, unknown). Events, not packets or bytes.",
 		[]string{"namespace", "job_name", "src_zone", "dst_zone", "locality", "peer", "verdict"}, nil)
+	heldDesc = prometheus.NewDesc("zonewatch_hubble_flows_held",
+		"Flows held now because the view could not yet give them a job (a pod that has just started, a job whose pods are still being listed): classified again each second, counted once it can, else counted in zonewatch_hubble_flows_uncounted_total{reason=\"no_job\"} after the hold window.",
+		nil, nil)
 	peerDropsDesc = prometheus.NewDesc("zonewatch_job_peer_policy_drops_total",
 		"Policy drops of a training job's traffic with peers outside the job, by the peer's workload: peer_namespace/peer_workload name another job or Hubble's workload of the peer, empty for a host, a world address, an unnamed peer, or beyond the first 8 named peers of the job on this node. policy and policy_source as in zonewatch_job_policy_drops_total.",
 		[]string{"namespace", "job_name", "peer", "peer_namespace", "peer_workload", "locality", "policy", "policy_source"}, nil)
@@ -97,7 +100,12 @@ type Metrics struct {
 	// server replayed after a reconnect, and those stamped before the
 	// client started (or --hubble.since).
 	SkippedReplayed, SkippedLostReplayed, SkippedEarly prometheus.Counter
+	// Uncounted counts the classified flows no counter took, by reason
+	// (uncounted*); with the counted ones they make Processed.
+	Uncounted map[string]prometheus.Counter
 }
+
+func (m *Metrics) uncounted(reason string) { m.Uncounted[reason].Inc() }
 
 // NewMetrics creates the self metrics and registers them with reg (nil:
 // unregistered, for tests and offline analysis). A metric another part has
@@ -115,7 +123,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Help: "Times a Hubble server refused the field mask (invalid fieldmask: it lacks a Flow field the mask names); the client then receives whole flows."})
 	skipped := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "zonewatch_hubble_responses_skipped_total",
 		Help: "GetFlows responses received and skipped, by reason: malformed (not a valid message), unknown (a response type the client does not know), replayed (a flow counted before the stream broke, sent again on the resume), lost_events_replayed (a lost_events response counted before, sent again), before_start (stamped before the exporter started or --hubble.since). Their flows and losses are not counted."}, []string{"reason"})
+	uncounted := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "zonewatch_hubble_flows_uncounted_total",
+		Help: "Classified flows that no job counter counts, by reason: kind (an event counted from another event or node, or never: a reply, the receiving side of a forward, an intermediate observation point, the second event of a dropped packet, another node's flow, an L7 denial), no_job (a drop or a sending-side forward of which neither end is a pod of a job the view knows, after the hold window for the pod Hubble names), hold_full (as no_job, not held: too many flows held at once). With the flows counted in zonewatch_job_flow_events_total they make zonewatch_hubble_flows_processed_total, except the flows held at the time (zonewatch_hubble_flows_held)."}, []string{"reason"})
 	if reg != nil {
+		uncounted = register(reg, uncounted)
 		skipped = register(reg, skipped)
 		maskRefused = register(reg, maskRefused)
 		processed = register(reg, processed)
@@ -132,6 +143,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m.Malformed, m.Unknown = skipped.WithLabelValues("malformed"), skipped.WithLabelValues("unknown")
 	m.SkippedReplayed, m.SkippedLostReplayed = skipped.WithLabelValues("replayed"), skipped.WithLabelValues("lost_events_replayed")
 	m.SkippedEarly = skipped.WithLabelValues("before_start")
+	m.Uncounted = map[string]prometheus.Counter{}
+	for _, r := range []string{uncountedKind, uncountedNoJob, uncountedHoldFull} {
+		m.Uncounted[r] = uncounted.WithLabelValues(r)
+	}
 	for i := range m.lost {
 		m.lost[i] = lost.WithLabelValues(lostSourceLabel(flowpb.LostEventSource(i)))
 	}
@@ -185,6 +200,11 @@ type Aggregator struct {
 	// fences names the policies of default-deny drops (nil: none).
 	fences Fences
 
+	// obs serializes classification (the Classifier's pairing cache) and
+	// the held flows between the stream and Run's retries.
+	obs  sync.Mutex
+	held *holder
+
 	// named holds the peer workloads each job names in peerDrops: a
 	// peer holds one slot whatever its series (a fence named once the
 	// informers sync makes a second one).
@@ -221,34 +241,59 @@ func (a *Aggregator) Observe(f *flowpb.Flow) Result {
 	return a.ObserveFields(&x)
 }
 
-// ObserveFields classifies a flow's Fields and counts them.
+// ObserveFields classifies a flow's Fields and counts them. A flow the
+// view cannot yet give a job may be held and counted later (SetHold);
+// its Result is then the one of its arrival.
 func (a *Aggregator) ObserveFields(f *Fields) Result {
+	a.obs.Lock()
+	defer a.obs.Unlock()
 	r := a.cls.ClassifyFields(f)
 	a.m.Processed.Inc()
-	if r.Count == NotCounted {
-		return r
+	if a.held != nil && len(a.held.flows) > 0 {
+		a.retryLocked(a.held.now())
 	}
+	switch {
+	case r.Count == NotCounted:
+		a.m.uncounted(uncountedKind)
+	case r.Job != nil:
+		a.countLocked(&r, f)
+	default:
+		if held, reason := a.holdLocked(f, &r); !held {
+			a.finishUncountedLocked(&r, reason)
+		}
+	}
+	return r
+}
+
+// countLocked counts a classified flow of a job.
+func (a *Aggregator) countLocked(r *Result, f *Fields) {
+	a.countUnresolved(r)
+	a.events.Add(EventKey{Namespace: r.Job.Namespace, Job: r.Job.Name,
+		SrcZone: r.Src.Zone, DstZone: r.Dst.Zone, Locality: r.Locality, Peer: r.Peer, Verdict: r.Verdict}, 1)
+	if r.PolicyDrop() {
+		a.nameFence(r, f)
+		a.drops.Add(DropKey{Namespace: r.Job.Namespace, Job: r.Job.Name, Direction: r.Direction,
+			SrcZone: r.Src.Zone, DstZone: r.Dst.Zone, Locality: r.Locality, Peer: r.Peer, Reason: r.Reason,
+			PolicyNamespace: r.PolicyNamespace, PolicyName: r.PolicyName, PolicySource: r.PolicySource}, 1)
+		if r.Peer != PeerJob {
+			a.addPeerDrop(r)
+		}
+	}
+}
+
+// finishUncountedLocked counts a flow of no job as uncounted.
+func (a *Aggregator) finishUncountedLocked(r *Result, reason string) {
+	a.countUnresolved(r)
+	a.m.uncounted(reason)
+}
+
+func (a *Aggregator) countUnresolved(r *Result) {
 	if r.SrcUnresolved {
 		a.m.UnresolvedSrc.Inc()
 	}
 	if r.DstUnresolved {
 		a.m.UnresolvedDst.Inc()
 	}
-	if r.Job == nil {
-		return r
-	}
-	a.events.Add(EventKey{Namespace: r.Job.Namespace, Job: r.Job.Name,
-		SrcZone: r.Src.Zone, DstZone: r.Dst.Zone, Locality: r.Locality, Peer: r.Peer, Verdict: r.Verdict}, 1)
-	if r.PolicyDrop() {
-		a.nameFence(&r, f)
-		a.drops.Add(DropKey{Namespace: r.Job.Namespace, Job: r.Job.Name, Direction: r.Direction,
-			SrcZone: r.Src.Zone, DstZone: r.Dst.Zone, Locality: r.Locality, Peer: r.Peer, Reason: r.Reason,
-			PolicyNamespace: r.PolicyNamespace, PolicyName: r.PolicyName, PolicySource: r.PolicySource}, 1)
-		if r.Peer != PeerJob {
-			a.addPeerDrop(&r)
-		}
-	}
-	return r
 }
 
 // addPeerDrop counts a policy drop toward a peer outside the job, naming
@@ -293,6 +338,7 @@ func (a *Aggregator) Update(ch chan<- prometheus.Metric) error {
 	a.drops.Collect(ch)
 	a.events.Collect(ch)
 	a.peerDrops.Collect(ch)
+	ch <- prometheus.MustNewConstMetric(heldDesc, prometheus.GaugeValue, float64(a.Held()))
 	// A job that is gone names its peers afresh if it comes back, once
 	// the series its budget bounds are gone too (reaped after the grace
 	// period): a job back within it keeps them, and its budget.

@@ -126,9 +126,10 @@ type Reader struct {
 	reason    string
 	last      time.Time
 
-	up   atomic.Bool
-	kick chan struct{}
-	m    selfMetrics
+	up    atomic.Bool
+	tried atomic.Bool
+	kick  chan struct{}
+	m     selfMetrics
 }
 
 type selfMetrics struct {
@@ -185,6 +186,10 @@ func New(src Source, cfg Config) (*Reader, error) {
 // Up reports whether the last refresh read a map completely.
 func (r *Reader) Up() bool { return r.up.Load() }
 
+// Tried reports whether a refresh has run to its end, read or failed:
+// until then no address is placed through the map (readiness waits on it).
+func (r *Reader) Tried() bool { return r.tried.Load() }
+
 // Lookup returns the entry of the longest prefix holding a.
 func (r *Reader) Lookup(a netip.Addr) (Entry, bool) {
 	r.mu.RLock()
@@ -207,7 +212,10 @@ func (r *Reader) Refresh() error {
 	defer r.refreshMu.Unlock()
 	start := time.Now()
 	r.last = start
-	defer func() { r.m.duration.Set(time.Since(start).Seconds()) }()
+	defer func() {
+		r.m.duration.Set(time.Since(start).Seconds())
+		r.tried.Store(true)
+	}()
 
 	name, t, err := r.open()
 	if err != nil {

@@ -210,8 +210,14 @@ func TestFailuresKeepOrEmpty(t *testing.T) {
 	src := NewMemSource()
 	src.Set(MapV2, tab)
 	r, reg := newReader(t, src)
+	if r.Tried() {
+		t.Fatal("tried before the first read")
+	}
 	if err := r.Refresh(); err != nil {
 		t.Fatal(err)
+	}
+	if !r.Tried() {
+		t.Fatal("not tried after the first read")
 	}
 	pod := netip.MustParseAddr("10.201.2.10")
 
@@ -268,6 +274,16 @@ func (oddTable) ValueSize() int { return 16 }
 type oddSource struct{}
 
 func (oddSource) Open(string) (Table, error) { return &oddTable{}, nil }
+
+// TestTriedAfterAFailedFirstRead: readiness waits for the first read,
+// not for a good one (a node whose map cannot be read still serves, its
+// source down).
+func TestTriedAfterAFailedFirstRead(t *testing.T) {
+	r, _ := newReader(t, NewMemSource())
+	if err := r.Refresh(); err == nil || r.Up() || !r.Tried() {
+		t.Fatalf("no map: err %v, up %v, tried %v; want an error, down, tried", err, r.Up(), r.Tried())
+	}
+}
 
 func TestUnknownLayout(t *testing.T) {
 	r, _ := newReader(t, oddSource{})

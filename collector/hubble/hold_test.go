@@ -1,0 +1,219 @@
+package hubble
+
+import (
+	"net/netip"
+	"testing"
+	"time"
+	"unsafe"
+
+	flowpb "github.com/cilium/cilium/api/v1/flow"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/zonewatch/zonewatch/sim"
+	"github.com/zonewatch/zonewatch/topology"
+)
+
+// nodesOnly is the view before its pod informers have delivered: the
+// nodes, no job pod.
+func nodesOnly(s *sim.Scenario) *topology.Index {
+	x := topology.NewIndex()
+	for _, n := range s.Nodes {
+		x.UpsertNode(topology.Node{Name: n.Name, Zone: n.Zone, Region: s.Region, Addresses: []netip.Addr{n.IP}, PodCIDRs: []netip.Prefix{n.PodCIDR}})
+	}
+	return x
+}
+
+// catchUp delivers the scenario's job pods to x, as late informer
+// handlers do.
+func catchUp(x *topology.Index, s *sim.Scenario) {
+	for _, j := range s.Jobs {
+		for _, p := range j.Pods {
+			x.UpsertPod(0, topology.Pod{Namespace: p.Namespace, Name: p.Name, Node: p.Node, IPs: []netip.Addr{p.IP},
+				Identity: topology.Identity{Kind: j.Kind, Name: j.Name, Role: p.Role}})
+		}
+	}
+}
+
+// clock is a settable time for the hold.
+type clock struct{ t time.Time }
+
+func (c *clock) now() time.Time          { return c.t }
+func (c *clock) advance(d time.Duration) { c.t = c.t.Add(d) }
+
+func holdingAggregator(x *topology.Index, node string) (*Aggregator, *clock) {
+	a := NewAggregator(x, node, time.Minute, nil)
+	a.SetHold(DefaultHold)
+	c := &clock{t: time.Unix(1e9, 0)}
+	a.held.now = c.now
+	return a, c
+}
+
+// blockedSYN is the policy-verdict and drop event pair of one denied SYN
+// of llm-blocked's worker to its master, as the master's node reports it.
+func blockedSYN(sec int) []*flowpb.Flow {
+	v := flowOf("gpu-b1", llmWorker, llmMaster, flowpb.Verdict_DROPPED, eventPolicyVerdict)
+	v.Time = timestamppb.New(t0.Add(time.Duration(sec) * time.Second))
+	v.DropReasonDesc, v.TrafficDirection = flowpb.DropReason_POLICY_DENIED, flowpb.TrafficDirection_INGRESS
+	v.IngressDeniedBy = []*flowpb.Policy{{Namespace: "ml-team", Name: "zone-isolation", Kind: "CiliumNetworkPolicy"}}
+	d := flowOf("gpu-b1", llmWorker, llmMaster, flowpb.Verdict_DROPPED, eventDrop)
+	d.Time = timestamppb.New(v.Time.AsTime().Add(time.Microsecond))
+	d.DropReasonDesc, d.TrafficDirection = flowpb.DropReason_POLICY_DENIED, flowpb.TrafficDirection_INGRESS
+	return []*flowpb.Flow{v, d}
+}
+
+func uncounted(a *Aggregator, reason string) float64 {
+	return testutil.ToFloat64(a.m.Uncounted[reason])
+}
+
+// accounted checks that every processed flow is counted, uncounted with a
+// reason, or held.
+func accounted(t *testing.T, a *Aggregator) {
+	t.Helper()
+	var counted float64
+	a.Events().Each(func(_ EventKey, v float64) { counted += v })
+	var un float64
+	for _, c := range a.m.Uncounted {
+		un += testutil.ToFloat64(c)
+	}
+	if p := testutil.ToFloat64(a.m.Processed); p != counted+un+float64(a.Held()) {
+		t.Errorf("processed %g flows: %g counted, %g uncounted, %d held", p, counted, un, a.Held())
+	}
+}
+
+// TestDropsBeforeTheViewPlacesTheJobAreCounted: the first SYNs of a job
+// are dropped while its node's exporter does not yet hold the job's pods
+// (informers still listing, handlers late on a busy node); once the view
+// has them, every drop is counted for the job with its zones and policy,
+// none lost.
+func TestDropsBeforeTheViewPlacesTheJobAreCounted(t *testing.T) {
+	s := testScenario()
+	x := nodesOnly(s)
+	a, clk := holdingAggregator(x, "gpu-b1")
+	for sec := range 10 {
+		for _, f := range blockedSYN(sec) {
+			a.Observe(f)
+		}
+	}
+	if n := a.Drops().Len(); n != 0 {
+		t.Fatalf("%d drop series before the view knows the job", n)
+	}
+	if h := a.Held(); h != 10 {
+		t.Fatalf("held %d flows, want the 10 drops (their paired events are uncounted as kind)", h)
+	}
+	accounted(t, a)
+
+	clk.advance(5 * time.Second)
+	a.Retry()
+	if h := a.Held(); h != 10 {
+		t.Fatalf("held %d after a retry with the view still empty, want 10", h)
+	}
+	catchUp(x, s)
+	clk.advance(time.Second)
+	a.Retry()
+	want := DropKey{Namespace: "ml-team", Job: "llm-blocked", Direction: DirectionIngress, SrcZone: zoneA, DstZone: zoneB,
+		Locality: "cross_zone", Peer: PeerJob, Reason: ReasonPolicyDenied, PolicyNamespace: "ml-team", PolicyName: "zone-isolation",
+		PolicySource: PolicySourceCilium}
+	if got := a.Drops().Value(want); got != 10 {
+		var all []string
+		a.Drops().Each(func(k DropKey, v float64) { all = append(all, k.Job+" "+k.SrcZone+">"+k.DstZone+" "+k.Peer) })
+		t.Fatalf("drops %+v: %g, want 10 (series: %v)", want, got, all)
+	}
+	if h := a.Held(); h != 0 {
+		t.Errorf("%d flows still held", h)
+	}
+	accounted(t, a)
+	if n := uncounted(a, uncountedNoJob); n != 0 {
+		t.Errorf("%g flows uncounted as no_job", n)
+	}
+}
+
+// TestPodOfNoJobHeldOnceThenUncounted: a pod of no job has its flows held
+// in its first seconds only; after its window they are counted as
+// uncounted (no_job) and its later flows are not held.
+func TestPodOfNoJobHeldOnceThenUncounted(t *testing.T) {
+	s := testScenario()
+	x := indexOf(s)
+	a, clk := holdingAggregator(x, "cpu-a1")
+	out := podEP{"shop", "checkout-0", "10.244.1.9", "gpu-a1"} // a remote pod of no job
+	send := func() {
+		a.Observe(trace("cpu-a1", frontend, out, flowpb.TraceObservationPoint_TO_OVERLAY, false))
+	}
+	for range 5 {
+		send()
+	}
+	if h := a.Held(); h != 5 {
+		t.Fatalf("held %d, want 5", h)
+	}
+	clk.advance(DefaultHold / 2)
+	send()
+	a.Retry()
+	if h := a.Held(); h != 6 {
+		t.Fatalf("held %d within the window, want 6", h)
+	}
+	clk.advance(DefaultHold / 2)
+	a.Retry()
+	if h, n := a.Held(), uncounted(a, uncountedNoJob); h != 0 || n != 6 {
+		t.Fatalf("after the window: held %d, no_job %g; want 0 and 6", h, n)
+	}
+	send()
+	if h, n := a.Held(), uncounted(a, uncountedNoJob); h != 0 || n != 7 {
+		t.Fatalf("a later flow: held %d, no_job %g; want 0 and 7", h, n)
+	}
+	accounted(t, a)
+}
+
+// TestHoldBounded: one pod holds at most maxHeldPerPod flows; the rest
+// are counted as uncounted (hold_full), none silently.
+func TestHoldBounded(t *testing.T) {
+	s := testScenario()
+	a, _ := holdingAggregator(nodesOnly(s), "gpu-b1")
+	n := maxHeldPerPod + 40
+	for i := range n {
+		f := blockedSYN(i)[1] // drop events only
+		a.Observe(f)
+	}
+	if h, full := a.Held(), uncounted(a, uncountedHoldFull); h != maxHeldPerPod || full != 40 {
+		t.Fatalf("held %d, hold_full %g; want %d and 40", h, full, maxHeldPerPod)
+	}
+	accounted(t, a)
+}
+
+// TestNoHoldWithoutSetHold: files and analyze see a complete view: a
+// flow of no job is uncounted at once.
+func TestNoHoldWithoutSetHold(t *testing.T) {
+	s := testScenario()
+	a := NewAggregator(nodesOnly(s), "gpu-b1", time.Minute, nil)
+	for _, f := range blockedSYN(0) {
+		a.Observe(f)
+	}
+	if h, n := a.Held(), uncounted(a, uncountedNoJob); h != 0 || n != 1 {
+		t.Fatalf("held %d, no_job %g; want 0 and 1", h, n)
+	}
+	accounted(t, a)
+}
+
+// TestHeldFlowsDoNotViewTheStreamBuffer: a held flow keeps its own
+// strings; the buffer the stream decoded it from is reused for the next
+// message.
+func TestHeldFlowsDoNotViewTheStreamBuffer(t *testing.T) {
+	s := testScenario()
+	x := nodesOnly(s)
+	a, clk := holdingAggregator(x, "gpu-b1")
+	f := blockedSYN(0)[0]
+	x1 := FieldsOf(f)
+	pod, ip := []byte(f.Source.PodName), []byte(f.IP.Source)
+	x1.Src.PodName, x1.SrcIP = unsafe.String(&pod[0], len(pod)), unsafe.String(&ip[0], len(ip))
+	a.ObserveFields(&x1)
+	copy(pod, "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx")
+	copy(ip, "10.9.9.9.9.9.9.9.9.9.9.9.9.9")
+	catchUp(x, s)
+	clk.advance(time.Second)
+	a.Retry()
+	want := DropKey{Namespace: "ml-team", Job: "llm-blocked", Direction: DirectionIngress, SrcZone: zoneA, DstZone: zoneB,
+		Locality: "cross_zone", Peer: PeerJob, Reason: ReasonPolicyDenied, PolicyNamespace: "ml-team", PolicyName: "zone-isolation",
+		PolicySource: PolicySourceCilium}
+	if a.Drops().Value(want) != 1 || a.Held() != 0 {
+		t.Fatalf("the held flow was not counted as it arrived: %d series, %d held", a.Drops().Len(), a.Held())
+	}
+}
