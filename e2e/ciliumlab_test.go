@@ -843,8 +843,8 @@ func TestCiliumLab(t *testing.T) {
 			t.Logf("%s/%s: exporters %g forwarded flow events, Hubble %d sent (not reply) trace events on the senders %v, for %d connections",
 				j.ns, j.name, got, hubble, kinds, conns)
 			if got != float64(hubble) {
-				t.Errorf("%s/%s: exporters count %g forwarded flow events, the senders' Hubble has %d: %v", j.ns, j.name, got, hubble,
-					seriesOf(t, addrs, "zonewatch_job_flow_events_total", match))
+				t.Errorf("%s/%s: exporters count %g forwarded flow events, the senders' Hubble has %d: %v\nwhere each exporter's flows went:\n%s", j.ns, j.name, got, hubble,
+					seriesOf(t, addrs, "zonewatch_job_flow_events_total", match), flowAccounting(t, addrs))
 			}
 			if got < float64(conns) {
 				t.Errorf("%s/%s: %g forwarded flow events, fewer than its %d connections", j.ns, j.name, got, conns)

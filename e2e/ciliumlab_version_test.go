@@ -3,7 +3,9 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -91,16 +93,39 @@ func runLabExchanges(ctx context.Context, t *testing.T, lab *ciliumlab.Lab, sc *
 	return run
 }
 
+// flowAccounting says, per exporter, where its Hubble flows went: counted
+// for a job, uncounted (by reason), held, and the stream's state; what a
+// failed count check needs to tell a lost flow from one never received.
+func flowAccounting(t *testing.T, addrs map[string]string) string {
+	t.Helper()
+	var b strings.Builder
+	for _, node := range slices.Sorted(maps.Keys(addrs)) {
+		one := map[string]string{node: addrs[node]}
+		fmt.Fprintf(&b, "  %s: processed %g, counted %g, uncounted kind %g no_job %g hold_full %g, held %g, reconnects %g, hubble up %g\n", node,
+			sumExporters(t, one, "zonewatch_hubble_flows_processed_total", nil),
+			sumExporters(t, one, "zonewatch_job_flow_events_total", nil),
+			sumExporters(t, one, "zonewatch_hubble_flows_uncounted_total", map[string]string{"reason": "kind"}),
+			sumExporters(t, one, "zonewatch_hubble_flows_uncounted_total", map[string]string{"reason": "no_job"}),
+			sumExporters(t, one, "zonewatch_hubble_flows_uncounted_total", map[string]string{"reason": "hold_full"}),
+			sumExporters(t, one, "zonewatch_hubble_flows_held", nil),
+			sumExporters(t, one, "zonewatch_hubble_reconnects_total", nil),
+			sumExporters(t, one, "zonewatch_source_up", map[string]string{"source": "hubble"}))
+	}
+	return b.String()
+}
+
 // checkLabDrops: the exporters count every policy drop of llm-blocked the
 // agents counted, all with the fence's name, and none of the open jobs.
 func checkLabDrops(t *testing.T, addrs map[string]string, sc *labScenario, denied float64) {
 	blocked := sc.blocked
 	match := map[string]string{"namespace": blocked.ns, "job_name": blocked.name}
 	var got float64
-	eventually(t, time.Minute, "the exporters count every drop the agents counted", func() (bool, string) {
+	if !eventually(t, time.Minute, "the exporters count every drop the agents counted", func() (bool, string) {
 		got = sumExporters(t, addrs, "zonewatch_job_policy_drops_total", match)
 		return got == denied, fmt.Sprintf("exporters %g, agents %g", got, denied)
-	})
+	}) {
+		t.Logf("where each exporter's flows went:\n%s", flowAccounting(t, addrs))
+	}
 	t.Logf("drops of %s/%s: exporters %g, agents' drop counters %g", blocked.ns, blocked.name, got, denied)
 	t.Logf("drop series: %v", seriesOf(t, addrs, "zonewatch_job_policy_drops_total", match))
 	want := map[string]string{"namespace": blocked.ns, "job_name": blocked.name, "src_zone": zoneA, "dst_zone": zoneB,
