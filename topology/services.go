@@ -36,10 +36,13 @@ type serviceRec struct {
 	name   ServiceName
 	vips   []netip.Addr
 	slices map[sliceKey][]netip.Addr
-	// backend is the Service's one ready backend address when its
-	// EndpointSlices name exactly one, else invalid (none, or several:
-	// which one a connection got, only the datapath knows).
-	backend netip.Addr
+	// backend is, per address family (familyOf), the Service's one ready
+	// backend address when its EndpointSlices name exactly one of that
+	// family, else invalid (none, or several: which one a connection got,
+	// only the datapath knows). A dual-stack Service has one slice per
+	// family, so its one pod is two addresses, one of each: a connection
+	// to the IPv4 ClusterIP goes to the IPv4 one.
+	backend [2]netip.Addr
 }
 
 // services is the index's view of the cluster's Services: every ClusterIP
@@ -76,22 +79,33 @@ func (s *services) drop(r *serviceRec) {
 	}
 }
 
-// resolve recomputes the Service's one backend; it reports whether the
-// answer changed.
+// familyOf indexes serviceRec.backend: 0 for IPv4, 1 for IPv6.
+func familyOf(a netip.Addr) int {
+	if a.Is4() {
+		return 0
+	}
+	return 1
+}
+
+// resolve recomputes the Service's one backend of each family; it reports
+// whether the answer changed.
 func (r *serviceRec) resolve() bool {
-	var one netip.Addr
-	many := false
+	var one [2]netip.Addr
+	var many [2]bool
 	for _, addrs := range r.slices {
 		for _, a := range addrs {
-			if !one.IsValid() {
-				one = a
-			} else if a != one {
-				many = true
+			f := familyOf(a)
+			if !one[f].IsValid() {
+				one[f] = a
+			} else if a != one[f] {
+				many[f] = true
 			}
 		}
 	}
-	if many {
-		one = netip.Addr{}
+	for f := range one {
+		if many[f] {
+			one[f] = netip.Addr{}
+		}
 	}
 	changed := one != r.backend
 	r.backend = one
@@ -193,8 +207,8 @@ func (x *Index) lookupServiceLocked(a netip.Addr) (Endpoint, bool) {
 	if r == nil {
 		return Endpoint{Zone: UnknownZone}, false
 	}
-	if r.backend.IsValid() {
-		if e, ok := x.lookupAddrLocked(r.backend); ok {
+	if b := r.backend[familyOf(a)]; b.IsValid() {
+		if e, ok := x.lookupAddrLocked(b); ok {
 			e.Service = &r.name
 			return e, true
 		}

@@ -27,7 +27,8 @@ func TestServiceLookup(t *testing.T) {
 	check("no EndpointSlice yet", vip, true, "", UnknownZone, "")
 	x.UpsertEndpointSlice(EndpointSlice{Namespace: "ml", Name: "rdzv-a", Service: "rdzv", Ready: []netip.Addr{ip("10.244.2.5")}})
 	check("one backend, the job's master", vip, true, "n-b", "z-b", "bert-master-0")
-	check("the IPv6 cluster IP", vip6, true, "n-b", "z-b", "bert-master-0")
+	// An IPv6 connection goes to an IPv6 backend, and the slices name none.
+	check("the IPv6 cluster IP, no IPv6 backend", vip6, true, "", UnknownZone, "")
 	if e, _ := x.LookupIP(vip); e.Job == nil || e.Job.Name != "bert" || e.Role != RoleCoordinator {
 		t.Errorf("the VIP's one backend is not the job's coordinator: %+v", e)
 	}
@@ -62,6 +63,32 @@ func TestServiceLookup(t *testing.T) {
 	}
 	if s, v := x.ServiceCounts(); s != 2 || v != 1 {
 		t.Errorf("ServiceCounts = %d services, %d VIPs; want 2 (odd, and other with its slice), 1", s, v)
+	}
+}
+
+// TestDualStackServiceOneBackend: a dual-stack Service has an
+// EndpointSlice per address family (EndpointSlice addressType IPv4 and
+// IPv6), so its one pod is two ready addresses: each ClusterIP is placed
+// at the backend of its own family (before, the two addresses were "many"
+// and both VIPs unattributed{reason="service"}). Two pods of one family
+// are still several.
+func TestDualStackServiceOneBackend(t *testing.T) {
+	x := testIndex()
+	vip, vip6 := ip("10.96.0.30"), ip("fd96::30")
+	x.UpsertService(Service{Namespace: "ml", Name: "ds", ClusterIPs: []netip.Addr{vip, vip6}})
+	x.UpsertEndpointSlice(EndpointSlice{Namespace: "ml", Name: "ds-v4", Service: "ds", Ready: []netip.Addr{ip("10.244.1.5")}})
+	x.UpsertEndpointSlice(EndpointSlice{Namespace: "ml", Name: "ds-v6", Service: "ds", Ready: []netip.Addr{ip("fd10::1:0:0:0:5")}})
+	for _, a := range []netip.Addr{vip, vip6} {
+		if e, ok := x.LookupIP(a); !ok || e.Pod != "bert-worker-0" || e.Zone != "z-a" || e.Service == nil {
+			t.Errorf("LookupIP(%s) = %+v, %v; want bert-worker-0 in z-a, naming the Service", a, e, ok)
+		}
+	}
+	x.UpsertEndpointSlice(EndpointSlice{Namespace: "ml", Name: "ds-v4", Service: "ds", Ready: []netip.Addr{ip("10.244.1.5"), ip("10.244.1.6")}})
+	if e, _ := x.LookupIP(vip); e.Pod != "" || e.Zone != UnknownZone {
+		t.Errorf("two IPv4 backends: LookupIP(%s) = %+v, want the Service alone", vip, e)
+	}
+	if e, _ := x.LookupIP(vip6); e.Pod != "bert-worker-0" {
+		t.Errorf("one IPv6 backend beside two IPv4 ones: LookupIP(%s) = %+v, want bert-worker-0", vip6, e)
 	}
 }
 

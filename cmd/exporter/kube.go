@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
@@ -62,6 +63,7 @@ func startKube(ctx context.Context, w *wiring, in *inputs, rules []topology.Rule
 	if err != nil {
 		return nil, fmt.Errorf("setting up service informers: %w", err)
 	}
+	w.self.MustRegister(skippedAddresses{svcs})
 	feed := kubeFeed{live, svcs}
 	w.exporter.AddSource("kubernetes", feed)
 	// Ready (and the conntrack growth released) once the informers have
@@ -119,6 +121,20 @@ func (f *fenceIdentities) Labels(id uint32) (string, map[string]string, bool) {
 func (f *fenceIdentities) HasIdentity(id uint32) bool {
 	s := f.set.Load()
 	return s != nil && s.HasIdentity(id)
+}
+
+var skippedAddressesDesc = prometheus.NewDesc("zonewatch_kube_addresses_skipped_total",
+	"Addresses of Services (cluster IPs, resource=services) and EndpointSlices (ready endpoints, resource=endpointslices) that do not parse: skipped, never placed.",
+	[]string{"resource"}, nil)
+
+// skippedAddresses exports the Service informers' skipped addresses.
+type skippedAddresses struct{ s *kube.Services }
+
+func (c skippedAddresses) Describe(ch chan<- *prometheus.Desc) { ch <- skippedAddressesDesc }
+
+func (c skippedAddresses) Collect(ch chan<- prometheus.Metric) {
+	ch <- prometheus.MustNewConstMetric(skippedAddressesDesc, prometheus.CounterValue, float64(c.s.SkippedServices.Load()), "services")
+	ch <- prometheus.MustNewConstMetric(skippedAddressesDesc, prometheus.CounterValue, float64(c.s.SkippedSlices.Load()), "endpointslices")
 }
 
 // kubeFeed is the Kubernetes source: up once every informer has synced.

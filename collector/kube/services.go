@@ -31,9 +31,10 @@ type Services struct {
 	synced   []cache.InformerSynced
 	isSynced atomic.Bool
 	denied   *Denials
-	// Skipped counts objects whose addresses do not parse (counted and
-	// skipped, never placed).
-	Skipped atomic.Uint64
+	// SkippedServices and SkippedSlices count the addresses of Services
+	// (cluster IPs) and EndpointSlices (ready endpoints) that do not parse:
+	// skipped, never placed (zonewatch_kube_addresses_skipped_total).
+	SkippedServices, SkippedSlices atomic.Uint64
 }
 
 // ServiceResources are what the Service informers list and watch (the
@@ -156,7 +157,7 @@ func (s *Services) stripService(obj any) (any, error) {
 	}
 	c, bad := ServiceFrom(svc)
 	if bad > 0 {
-		s.Skipped.Add(uint64(bad))
+		s.SkippedServices.Add(uint64(bad))
 	}
 	return &CachedService{Service: c, ResourceVersion: svc.ResourceVersion}, nil
 }
@@ -169,7 +170,7 @@ func (s *Services) stripSlice(obj any) (any, error) {
 	}
 	c, bad := EndpointSliceFrom(es)
 	if bad > 0 {
-		s.Skipped.Add(uint64(bad))
+		s.SkippedSlices.Add(uint64(bad))
 	}
 	return &CachedEndpointSlice{EndpointSlice: c, ResourceVersion: es.ResourceVersion}, nil
 }

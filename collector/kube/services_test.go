@@ -80,7 +80,7 @@ func TestServicesFromAPIServer(t *testing.T) {
 		t.Fatal(err)
 	}
 	await("Service deleted", func(e topology.Endpoint, ok bool) bool { return !ok && e.Service == nil })
-	if n := s.Skipped.Load(); n != 0 {
+	if n := s.SkippedServices.Load() + s.SkippedSlices.Load(); n != 0 {
 		t.Errorf("skipped %d addresses, want 0", n)
 	}
 	svcs, vips := idx.ServiceCounts()
