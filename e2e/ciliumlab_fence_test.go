@@ -198,7 +198,7 @@ func look(t *testing.T, zw []zwPod, prom *ciliumlab.Pod, hostNS string) ownTraff
 			peers = append(peers, probe.Peer{Node: dst.pod.Node.Name, Zone: dst.zone,
 				Addr: net.JoinHostPort(dst.pod.IP.String(), fmt.Sprint(probe.DefaultPort)), Pod: dst.pod.Ref()})
 		}
-		conn, err := grpc.NewClient("unix://"+src.pod.Node.Path("/run/cilium/hubble.sock"), grpc.WithTransportCredentials(insecure.NewCredentials()))
+		conn, err := grpc.NewClient("unix://"+src.pod.Node.HubbleSocket(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -504,6 +504,14 @@ func startLabExporters(t *testing.T, lab *ciliumlab.Lab, api *testenv.APIServer,
 // are printed when the test fails.
 func startChartExporters(t *testing.T, lab *ciliumlab.Lab, api *testenv.APIServer, nodes []*ciliumlab.Node, extra func(*ciliumlab.Node) map[string]string) map[string]string {
 	t.Helper()
+	return startWrappedExporters(t, lab, api, nodes, extra, nil)
+}
+
+// startWrappedExporters is startChartExporters with each node's command
+// line passed through wrap (nil: as it is), e.g. to run it in a mount
+// namespace of its own.
+func startWrappedExporters(t *testing.T, lab *ciliumlab.Lab, api *testenv.APIServer, nodes []*ciliumlab.Node, extra func(*ciliumlab.Node) map[string]string, wrap func(*ciliumlab.Node, []string) []string) map[string]string {
+	t.Helper()
 	bin := exporterBinary(t)
 	id := api.ChartIdentity(t, nil)
 	kc, err := lab.Kubeconfig("exporter", id.Config.BearerToken)
@@ -516,6 +524,9 @@ func startChartExporters(t *testing.T, lab *ciliumlab.Lab, api *testenv.APIServe
 	for _, n := range nodes {
 		args := chartArgs(t, mergeArgs(map[string]string{"--kubeconfig": kc}, extra(n)))
 		argv := sc.Args(bin, args...)
+		if wrap != nil {
+			argv = wrap(n, argv)
+		}
 		if _, err := n.Start("exporter", []string{"NODE_NAME=" + n.Name}, argv[0], argv[1:]...); err != nil {
 			t.Fatal(err)
 		}
@@ -638,7 +649,7 @@ func strangers(t *testing.T, n *ciliumlab.Node, known map[string]bool) map[strin
 // socket) answers req with, until the stream ends or timeout passes.
 func nodeFlows(t *testing.T, n *ciliumlab.Node, timeout time.Duration, req *observerpb.GetFlowsRequest, fn func(*flowpb.Flow)) {
 	t.Helper()
-	conn, err := grpc.NewClient("unix://"+n.Path("/run/cilium/hubble.sock"), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient("unix://"+n.HubbleSocket(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -80,6 +80,16 @@ type Config struct {
 	// Relay makes every agent serve Hubble's peer service and gRPC on
 	// :4244 (plain text), which hubble-relay needs.
 	Relay bool
+	// HubbleTLS makes every agent serve Hubble's gRPC on :4244 with TLS
+	// and mutual authentication, as Cilium's chart does by default
+	// (hubble.tls.enabled): the lab issues the certificates
+	// (Lab.HubbleTLS). Not with Relay.
+	HubbleTLS bool
+	// HubbleSocketDir is the folder of the agents' Hubble socket
+	// (Cilium's hubble.socketPath; DefaultHubbleSocketDir when empty): a
+	// folder of its own keeps the agent's API socket out of a pod that
+	// mounts it.
+	HubbleSocketDir string
 	// Routing is the agents' routing mode (RoutingTunnel when empty).
 	Routing Routing
 	// ServiceLB is what translates ClusterIPs (ServiceLBNone when empty;
@@ -119,6 +129,7 @@ type Lab struct {
 	procs    []*Proc
 	pods     map[string]*Pod
 	lockFile *os.File
+	tls      *HubbleTLSFiles
 	// slowestSettle is the slowest SettledIdentity seen.
 	slowestSettle struct {
 		pod  string
@@ -179,6 +190,12 @@ func Start(ctx context.Context, cfg Config) (l *Lab, err error) {
 	if _, err := cfg.serviceArgs(); err != nil {
 		return nil, err
 	}
+	if cfg.Relay && cfg.HubbleTLS {
+		return nil, fmt.Errorf("the lab's Relay follows the agents without TLS: Config.Relay and Config.HubbleTLS exclude each other")
+	}
+	if d := cfg.HubbleSocketDir; d != "" && (!filepath.IsAbs(d) || !strings.HasPrefix(filepath.Clean(d), "/var/run/cilium")) {
+		return nil, fmt.Errorf("HubbleSocketDir %q: a folder under /var/run/cilium (the node's own)", d)
+	}
 	if cfg.ServiceLB == ServiceLBKubeProxy {
 		if _, err := os.Stat(cfg.kubeProxyBin()); err != nil {
 			return nil, fmt.Errorf("kube-proxy: %w (make tools builds it)", err)
@@ -219,6 +236,11 @@ func Start(ctx context.Context, cfg Config) (l *Lab, err error) {
 	}
 	if err := l.installCRDs(ctx); err != nil {
 		return l, err
+	}
+	if cfg.HubbleTLS {
+		if l.tls, err = issueHubbleTLS(filepath.Join(cfg.Dir, "hubble-tls"), cfg.Nodes); err != nil {
+			return l, err
+		}
 	}
 	for i, spec := range cfg.Nodes {
 		n, err := l.addNode(ctx, i, spec)

@@ -340,7 +340,7 @@ func (n *Node) agentArgs(kubeconfig string) []string {
 		"--enable-ipv4-masquerade=false",
 		"--identity-allocation-mode=crd",
 		"--cluster-name=default", "--cluster-id=0",
-		"--enable-hubble=true", "--hubble-socket-path=/var/run/cilium/hubble.sock",
+		"--enable-hubble=true", "--hubble-socket-path=" + n.lab.HubbleSocket(),
 		"--bpf-conntrack-accounting=true",
 		// The chart's defaults (bpf.monitorAggregation and friends).
 		"--monitor-aggregation=medium", "--monitor-aggregation-interval=5s", "--monitor-aggregation-flags=all",
@@ -353,15 +353,44 @@ func (n *Node) agentArgs(kubeconfig string) []string {
 	services, _ := n.lab.cfg.serviceArgs()
 	args = append(args, routing...)
 	args = append(args, services...)
-	if n.lab.cfg.Relay {
-		args = append(args, "--hubble-listen-address=:4244", "--hubble-disable-tls=true")
-	} else {
+	switch {
+	case n.lab.cfg.Relay:
+		args = append(args, "--hubble-listen-address=:"+HubblePort, "--hubble-disable-tls=true")
+	case n.lab.tls != nil:
+		cert, key := n.lab.tls.serverFiles(n.Name)
+		// v1.20.2 defaults hubble-disable-tls to true (pkg/hubble/cell
+		// certloader.go; its chart writes false with hubble.tls.enabled):
+		// without the flag the agent serves plain text beside the files.
+		args = append(args, "--hubble-listen-address=:"+HubblePort, "--hubble-disable-tls=false", "--hubble-tls-cert-file="+cert,
+			"--hubble-tls-key-file="+key, "--hubble-tls-client-ca-files="+n.lab.tls.CA)
+	default:
 		args = append(args, "--hubble-listen-address=")
 	}
 	return args
 }
 
-func (n *Node) startAgent(ctx context.Context) error { return n.runAgent(ctx, "cilium-agent") }
+func (n *Node) startAgent(ctx context.Context) error {
+	// Cilium v1.20.2 creates the folder of its API socket, not that of
+	// --hubble-socket-path (daemon_main.go creates path.Dir(SocketPath);
+	// serveroption.WithUnixSocketListener only listens): a folder of its
+	// own must exist before the agent starts.
+	if err := os.MkdirAll(n.Path(hostRun(filepath.Dir(n.lab.HubbleSocket()))), 0o755); err != nil {
+		return err
+	}
+	return n.runAgent(ctx, "cilium-agent")
+}
+
+// HubbleSocket is the node's Hubble socket as the host reaches it.
+func (n *Node) HubbleSocket() string { return n.Path(hostRun(n.lab.HubbleSocket())) }
+
+// hostRun spells a /var/run path as /run, as Path needs it (/var/run is a
+// symbolic link to /run, resolved on the host).
+func hostRun(p string) string {
+	if rest, ok := strings.CutPrefix(p, "/var/run/"); ok {
+		return "/run/" + rest
+	}
+	return p
+}
 
 func (n *Node) runAgent(ctx context.Context, name string) error {
 	kc, err := n.lab.Kubeconfig(n.Name+"-agent", n.lab.cfg.API.BearerToken)

@@ -22,7 +22,7 @@ func (l *Lab) StartRelay(ctx context.Context, n *Node) (string, *Proc, error) {
 		return "", nil, fmt.Errorf("the lab's agents do not serve Hubble on :4244: start it with Config.Relay")
 	}
 	p, err := n.Start("hubble-relay", nil, filepath.Join(l.cfg.Cilium, "hubble-relay"), "serve",
-		"--peer-service=unix:///var/run/cilium/hubble.sock",
+		"--peer-service=unix://"+l.HubbleSocket(),
 		"--listen-address=:"+RelayPort,
 		"--cluster-name=default",
 		"--disable-client-tls", "--disable-server-tls")
