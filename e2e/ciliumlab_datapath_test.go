@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -185,10 +186,27 @@ func TestDatapathReadOnly(t *testing.T) {
 	}
 	t.Logf("the attacker's output:\n%s", out)
 
-	attempts, refused, reads := 0, 0, 0
+	attempts, refused, reads, identified := 0, 0, 0, false
 	for _, l := range strings.Split(string(out), "\n") {
 		f := strings.SplitN(l, "\t", 4)
 		switch {
+		case len(f) > 0 && f[0] == "as":
+			identified = true
+			// uid 0 holding CAP_BPF (39) only, no_new_privs, the bpffs
+			// read-only; seccomp mode 2 (filter) when confined.
+			want := []string{"uid=0", "CapEff=0000008000000000", "NoNewPrivs=1"}
+			if plan.Confine {
+				want = append(want, "Seccomp=2")
+			}
+			have := strings.Fields(l)
+			for _, want := range want {
+				if !slices.Contains(have, want) {
+					t.Errorf("the attacker runs as %q, want %s", l, want)
+				}
+			}
+			if last := have[len(have)-1]; !strings.HasPrefix(last, "bpffs=ro,") {
+				t.Errorf("the attacker's /sys/fs/bpf is mounted %q, want read-only", last)
+			}
 		case len(f) == 4 && f[0] == "attempt":
 			attempts++
 			if f[2] == "refused" {
@@ -199,6 +217,9 @@ func TestDatapathReadOnly(t *testing.T) {
 		case len(f) >= 2 && f[0] == "read":
 			reads++
 		}
+	}
+	if !identified {
+		t.Error("the attacker did not say who it runs as")
 	}
 	if want := 4*len(plan.Maps) + 2; attempts != want {
 		t.Errorf("%d attempts reported, want %d", attempts, want)
@@ -264,6 +285,7 @@ func attack(planJSON string) int {
 		}
 		load = op.LoadPinnedMap
 	}
+	fmt.Println(identity())
 	report := func(m, what string, err error) {
 		if err != nil {
 			fmt.Printf("attempt\t%s %s\trefused\t%v\n", m, what, err)
@@ -321,6 +343,27 @@ func attack(planJSON string) int {
 		report("program", "pin", errors.New("nothing to pin"))
 	}
 	return 0
+}
+
+// identity says who the attacker runs as: "as" and the uid, effective
+// capabilities, no_new_privs and seccomp mode from /proc/self/status, and
+// the mount options of /sys/fs/bpf from /proc/self/mountinfo.
+func identity() string {
+	out := []string{"as", "uid=" + strconv.Itoa(os.Getuid())}
+	status, _ := os.ReadFile("/proc/self/status")
+	for _, l := range strings.Split(string(status), "\n") {
+		k, v, _ := strings.Cut(l, ":")
+		if k == "CapEff" || k == "NoNewPrivs" || k == "Seccomp" {
+			out = append(out, k+"="+strings.TrimSpace(v))
+		}
+	}
+	mounts, _ := os.ReadFile("/proc/self/mountinfo")
+	for _, l := range strings.Split(string(mounts), "\n") {
+		if f := strings.Fields(l); len(f) > 5 && f[4] == "/sys/fs/bpf" {
+			out = append(out, "bpffs="+f[5]) // the last mount there is the one seen
+		}
+	}
+	return strings.Join(out, "\t")
 }
 
 // mapDump is a map's entries, hex key to value.
