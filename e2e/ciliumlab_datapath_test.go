@@ -124,7 +124,18 @@ func TestDatapathReadOnly(t *testing.T) {
 		t.Fatal("the server pod accepted no connection")
 	}
 
+	// The agent writes its maps as identities settle (seconds after CNI
+	// ADD on a slow machine): attack only once they have, and once the
+	// maps stay the same for a while, so that a change is the attack's.
+	for _, p := range pods {
+		if _, err := p.SettledIdentity(ctx, "app"); err != nil {
+			t.Fatal(err)
+		}
+	}
 	globals := "/sys/fs/bpf/tc/globals"
+	policyMap := policyMapOf(t, n.Path(globals))
+	waitQuiet(t, pods, n.Path(filepath.Join(globals, policyMap)), n.Path(filepath.Join(globals, "cilium_ct4_global")),
+		n.Path(filepath.Join(globals, "cilium_ipcache_v2")))
 	plan := attackPlan{PinDir: globals, Confine: os.Getenv(noConfineEnv) != "1"}
 	before := map[string]mapDump{}
 	for _, target := range []struct {
@@ -137,7 +148,7 @@ func TestDatapathReadOnly(t *testing.T) {
 		// the address of an ipcache key), anywhere in a hash map's.
 		vary int
 	}{
-		{"policy", policyMapOf(t, n.Path(globals)), first, 4},
+		{"policy", policyMap, first, 4},
 		{"conntrack", "cilium_ct4_global", connEntry(pods[0].IP.As4(), pods[1].IP.As4()), 0},
 		{"ipcache", "cilium_ipcache_v2", ipcacheEntry(pods[0].IP.As4()), 11},
 	} {
@@ -364,6 +375,31 @@ func identity() string {
 		}
 	}
 	return strings.Join(out, "\t")
+}
+
+// waitQuiet returns once two reads of the maps at paths, 2 s apart, are the
+// same (for a conntrack map, its entries of pods), and fails the test
+// after a minute of changes.
+func waitQuiet(t *testing.T, pods []*ciliumlab.Pod, paths ...string) {
+	t.Helper()
+	var last string
+	for end := time.Now().Add(time.Minute); time.Now().Before(end); {
+		before := map[string]mapDump{}
+		for _, p := range paths {
+			before[p] = dumpMap(t, p)
+		}
+		time.Sleep(2 * time.Second)
+		last = ""
+		for _, p := range paths {
+			if d := before[p].diff(dumpMap(t, p), strings.Contains(p, "_ct"), pods); d != "" {
+				last += p + ": " + d + "\n"
+			}
+		}
+		if last == "" {
+			return
+		}
+	}
+	t.Fatalf("the agent kept changing its maps for a minute; last:\n%s", last)
 }
 
 // mapDump is a map's entries, hex key to value.
