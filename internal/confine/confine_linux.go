@@ -32,6 +32,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"path/filepath"
 	"runtime"
 	"strconv"
 	"sync"
@@ -78,10 +79,15 @@ func Child() (*Opener, error) {
 	return &Opener{fd: fd}, nil
 }
 
-// LoadPinnedMap asks the parent for the map pinned at path (an absolute
-// path), opened read-only. An error wraps the parent's errno: a pin that
-// does not exist is fs.ErrNotExist, a refusal fs.ErrPermission.
+// LoadPinnedMap asks the parent for the map pinned at path, opened
+// read-only. An error wraps the parent's errno: a pin that does not exist
+// is fs.ErrNotExist, a refusal fs.ErrPermission.
 func (o *Opener) LoadPinnedMap(path string) (*ebpf.Map, error) {
+	// The parent shares the working folder but takes absolute paths only.
+	path, err := filepath.Abs(path)
+	if err != nil {
+		return nil, err
+	}
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if err := unix.Sendmsg(o.fd, []byte(path), nil, nil, 0); err != nil {
