@@ -166,7 +166,10 @@ var variants = []variant{
 		wantKind(t, kind, "DaemonSet")
 		wantArgs(t, c, "--hubble.enabled", "--hubble.address=unix:///var/run/cilium/hubble.sock",
 			"--gpu.source=auto", "--gpu.podresources-socket=/var/lib/kubelet/pod-resources/kubelet.sock",
-			"--conntrack.enabled", "--conntrack.bpffs-path=/sys/fs/bpf/tc/globals")
+			"--conntrack.enabled", "--conntrack.bpffs-path=/sys/fs/bpf/tc/globals",
+			"--ipcache.bpffs-path=/sys/fs/bpf/tc/globals", "--ipcache.refresh-interval=10s")
+		noArgPrefix(t, c, "--kube.pod-view")
+		noArgPrefix(t, c, "--no-bpf.confine")
 		wantHostPaths(t, spec, "/var/run/cilium", "/var/lib/kubelet/pod-resources", "/sys/fs/bpf")
 		wantCaps(t, c, "BPF")
 		wantUser(t, spec, 0)
@@ -235,17 +238,36 @@ var variants = []variant{
 		c := &spec.Containers[0]
 		wantArgs(t, c, "--gpu.source=auto", "--gpu.dcgm-exporter-url=http://$(HOST_IP):9400/metrics", "--gpu.dcgm-exporter-selector=app=my-dcgm-exporter")
 	}},
+	// The ipcache keeps its mount and capability without conntrack (issue 44).
 	{"conntrack off", "conntrack: {enabled: false}", func(t *testing.T, _ []*unstructured.Unstructured, _ string, spec *corev1.PodSpec) {
 		c := &spec.Containers[0]
-		wantArgs(t, c, "--no-conntrack.enabled")
+		wantArgs(t, c, "--no-conntrack.enabled", "--ipcache.bpffs-path=/sys/fs/bpf/tc/globals")
+		noArgPrefix(t, c, "--kube.pod-view")
+		wantHostPaths(t, spec, "/var/run/cilium", "/var/lib/kubelet/pod-resources", "/sys/fs/bpf")
+		wantCaps(t, c, "BPF")
+		wantUser(t, spec, 0)
+	}},
+	{"ipcache off", "ipcache: {enabled: false}", func(t *testing.T, _ []*unstructured.Unstructured, _ string, spec *corev1.PodSpec) {
+		c := &spec.Containers[0]
+		wantArgs(t, c, "--conntrack.enabled", "--kube.pod-view=cluster")
+		noArgPrefix(t, c, "--ipcache.")
+		wantHostPaths(t, spec, "/var/run/cilium", "/var/lib/kubelet/pod-resources", "/sys/fs/bpf")
+		wantCaps(t, c, "BPF")
+	}},
+	{"conntrack and ipcache off", "conntrack: {enabled: false}\nipcache: {enabled: false}", func(t *testing.T, _ []*unstructured.Unstructured, _ string, spec *corev1.PodSpec) {
+		c := &spec.Containers[0]
+		wantArgs(t, c, "--no-conntrack.enabled", "--kube.pod-view=cluster")
 		wantHostPaths(t, spec, "/var/run/cilium", "/var/lib/kubelet/pod-resources")
 		wantCaps(t, c)
 		wantUser(t, spec, 0) // PodResources and the Hubble socket are root's
 	}},
+	{"confinement off", "bpfConfine: false", func(t *testing.T, _ []*unstructured.Unstructured, _ string, spec *corev1.PodSpec) {
+		wantArgs(t, &spec.Containers[0], "--no-bpf.confine")
+	}},
 	{"conntrack on an old kernel", "conntrack: {sysAdmin: true}", func(t *testing.T, _ []*unstructured.Unstructured, _ string, spec *corev1.PodSpec) {
 		wantCaps(t, &spec.Containers[0], "BPF", "SYS_ADMIN")
 	}},
-	{"hubble socket group, nothing else", "hubble: {socketGroup: 1500}\ngpu: {source: none}\nconntrack: {enabled: false}", func(t *testing.T, _ []*unstructured.Unstructured, _ string, spec *corev1.PodSpec) {
+	{"hubble socket group, nothing else", "hubble: {socketGroup: 1500}\ngpu: {source: none}\nconntrack: {enabled: false}\nipcache: {enabled: false}", func(t *testing.T, _ []*unstructured.Unstructured, _ string, spec *corev1.PodSpec) {
 		wantHostPaths(t, spec, "/var/run/cilium")
 		wantCaps(t, &spec.Containers[0])
 		wantUser(t, spec, 65534)
@@ -253,7 +275,7 @@ var variants = []variant{
 			t.Errorf("supplementalGroups %v, want [1500]", sc.SupplementalGroups)
 		}
 	}},
-	{"every source off", "hubble: {enabled: false}\ngpu: {source: none}\nconntrack: {enabled: false}", func(t *testing.T, _ []*unstructured.Unstructured, _ string, spec *corev1.PodSpec) {
+	{"every source off", "hubble: {enabled: false}\ngpu: {source: none}\nconntrack: {enabled: false}\nipcache: {enabled: false}", func(t *testing.T, _ []*unstructured.Unstructured, _ string, spec *corev1.PodSpec) {
 		wantHostPaths(t, spec)
 		wantCaps(t, &spec.Containers[0])
 		wantUser(t, spec, 65534)

@@ -35,7 +35,9 @@ func (p *conntrackPart) flags(cmd *kingpin.CmdClause) {
 	p.version = flagOf(cmd, "conntrack.cilium-version", "Cilium version on the nodes (e.g. 1.16.3): decides the ct_entry layout with --conntrack.layout=auto and gives the exact way to turn conntrack accounting on; empty asks the agent (Hubble's ServerStatus on a unix --hubble.address), else tells it from the entries.").Default("").String()
 }
 
-func (p *conntrackPart) input(in *inputs) { in.conntrack = conntrack.BPFSource{Dir: *p.bpffs} }
+func (p *conntrackPart) input(in *inputs) {
+	in.conntrack = conntrack.BPFSource{Dir: *p.bpffs, Load: in.loadPin}
+}
 
 func (p *conntrackPart) start(ctx context.Context, w *wiring, in *inputs) error {
 	if !*p.enabled {

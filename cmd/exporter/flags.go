@@ -43,6 +43,7 @@ type options struct {
 	jobRules    *[]string
 	resync      *time.Duration
 	simulate    *bool
+	confine     *bool
 }
 
 // newApp declares the command line: the log flags and --kube.job-rule for
@@ -69,6 +70,7 @@ func newApp() (*kingpin.Application, *kingpin.CmdClause, *options) {
 	o.totalShards = flagOf(serve, "total-shards", "Number of Relay replicas sharing the nodes; 1 follows every node.").Default("1").Int()
 	o.kubeconfig = flagOf(serve, "kubeconfig", "Path to a kubeconfig; empty uses the in-cluster config. Defaults to $KUBECONFIG.").Default(os.Getenv("KUBECONFIG")).String()
 	o.resync = flagOf(serve, "kube.resync", "Informer resync period (0 disables).").Default("0s").Duration()
+	o.confine = flagOf(serve, "bpf.confine", "Before reading any input, split in two processes so that the exporter cannot change Cilium's BPF maps: a child does all the work under a seccomp filter that allows bpf() only to read open maps, and this process only opens pinned maps for it, read-only (SECURITY.md). Off (--no-bpf.confine), root with CAP_BPF, as the chart runs it, can open the pins for writing and change the node's policy, conntrack and ipcache maps (a read-only bpffs mount does not stop it).").Default("true").Bool()
 	o.simulate = flagOf(serve, "simulate", "Run on the built-in simulated cluster (every source fed by fakes speaking the real protocols).").Bool()
 	for _, p := range parts {
 		p.flags(serve)

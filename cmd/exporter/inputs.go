@@ -4,6 +4,7 @@ import (
 	"context"
 	"time"
 
+	"github.com/cilium/ebpf"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/metadata"
@@ -36,6 +37,9 @@ type inputs struct {
 	// hubble is the Observer's address and TLS; the part adds the rest.
 	hubble hubble.Config
 	gpu    gpuInput
+	// loadPin opens a pinned map read-only for the BPF sources: the
+	// confined child's opener (confine.go); nil opens it in this process.
+	loadPin func(path string) (*ebpf.Map, error)
 	// conntrack opens Cilium's global CT maps.
 	conntrack conntrack.Source
 	// ipcache opens the node's Cilium ipcache; nil: a DaemonSet exporter
@@ -69,8 +73,8 @@ type gpuInput struct {
 }
 
 // realInputs builds the inputs of a real cluster from the flags.
-func realInputs(o *options) (*inputs, error) {
-	in := &inputs{}
+func realInputs(o *options, loadPin func(string) (*ebpf.Map, error)) (*inputs, error) {
+	in := &inputs{loadPin: loadPin}
 	for _, p := range parts {
 		p.input(in)
 	}

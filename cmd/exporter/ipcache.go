@@ -33,7 +33,7 @@ func (p *ipcachePart) flags(cmd *kingpin.CmdClause) {
 
 func (p *ipcachePart) input(in *inputs) {
 	if *p.view == "node" {
-		in.ipcache = ipcache.BPFSource{Dir: *p.bpffs}
+		in.ipcache = ipcache.BPFSource{Dir: *p.bpffs, Load: in.loadPin}
 	}
 	in.ipcacheInterval = *p.interval
 }

@@ -53,6 +53,12 @@ func run(ctx context.Context, args []string) int {
 	}
 
 	logger := promslog.New(&o.log)
+	// Before any input is read: the first process only opens pins from
+	// here on, its child does the rest (confine.go).
+	loadPin, code, exit := confineSelf(o, logger)
+	if exit {
+		return code
+	}
 	// client-go's informers and RBAC errors log through klog: follow
 	// --log.level and --log.format too.
 	klog.SetSlogLogger(logger.With("component", "kubernetes"))
@@ -80,7 +86,7 @@ func run(ctx context.Context, args []string) int {
 			return 1
 		}
 		defer stop()
-	} else if in, err = realInputs(o); err != nil {
+	} else if in, err = realInputs(o, loadPin); err != nil {
 		logger.Error("no Kubernetes cluster to watch", "err", err)
 		return 2
 	}

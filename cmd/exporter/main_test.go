@@ -90,7 +90,9 @@ func TestSimulatedExporter(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan int, 1)
 	go func() {
-		done <- run(ctx, []string{"--simulate", "--web.listen-address=" + addr, "--probe.listen-address=127.0.0.1:0", "--log.level=warn"})
+		// In-process: --bpf.confine would start this test binary again as
+		// its child (the e2e tests run the binary confined).
+		done <- run(ctx, []string{"--simulate", "--no-bpf.confine", "--web.listen-address=" + addr, "--probe.listen-address=127.0.0.1:0", "--log.level=warn"})
 	}()
 	defer func() {
 		cancel()

@@ -40,6 +40,10 @@ type Lister interface {
 // BPFSource opens Cilium's maps pinned in a BPF filesystem folder.
 type BPFSource struct {
 	Dir string // e.g. /sys/fs/bpf/tc/globals
+	// Load opens a pin read-only: a confined exporter's opener
+	// (internal/confine); nil opens it here with cilium/ebpf's
+	// LoadPinnedMap and ReadOnly.
+	Load func(path string) (*ebpf.Map, error)
 }
 
 // List names the files in Dir.
@@ -58,7 +62,7 @@ func (s BPFSource) List() ([]string, error) {
 // Open loads the pinned map read-only and checks its type and sizes.
 func (s BPFSource) Open(name string) (Table, error) {
 	path := filepath.Join(s.Dir, name)
-	m, err := ebpf.LoadPinnedMap(path, &ebpf.LoadPinOptions{ReadOnly: true})
+	m, err := loadPin(s.Load, path)
 	if err != nil {
 		return nil, fmt.Errorf("opening pinned map %s: %w", path, err)
 	}
@@ -282,4 +286,12 @@ func (s *MemSource) Open(name string) (Table, error) {
 		return nil, fmt.Errorf("map %s: %w", name, os.ErrNotExist)
 	}
 	return t, nil
+}
+
+// loadPin opens the pin at path read-only, through load when set.
+func loadPin(load func(string) (*ebpf.Map, error), path string) (*ebpf.Map, error) {
+	if load != nil {
+		return load(path)
+	}
+	return ebpf.LoadPinnedMap(path, &ebpf.LoadPinOptions{ReadOnly: true})
 }

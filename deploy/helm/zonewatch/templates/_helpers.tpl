@@ -79,21 +79,29 @@ node; the node-local sources (GPU, conntrack) are off in it.
 {{- define "zonewatch.conntrack" -}}
 {{- if and .Values.conntrack.enabled (not (include "zonewatch.relay" .)) }}true{{ end }}
 {{- end }}
+{{- define "zonewatch.ipcache" -}}
+{{- if and .Values.ipcache.enabled (not (include "zonewatch.relay" .)) }}true{{ end }}
+{{- end }}
+{{/* The host's BPF filesystem is mounted (read-only) for either BPF source. */}}
+{{- define "zonewatch.bpffs" -}}
+{{- if or (include "zonewatch.conntrack" .) (include "zonewatch.ipcache" .) }}true{{ end }}
+{{- end }}
 
 {{/*
 Root is needed to open sockets and pinned maps owned by root on the host:
-the kubelet PodResources socket, Cilium's pinned BPF maps (mode 0600), and
+the kubelet PodResources socket, Cilium's pinned BPF maps (mode 0600: the
+conntrack and ipcache sources), and
 the Hubble socket unless hubble.socketGroup names a group that may use it.
 Root here holds no capability beyond those listed in zonewatch.capabilities.
 */}}
 {{- define "zonewatch.needsRoot" -}}
-{{- if or (include "zonewatch.podResources" .) (include "zonewatch.conntrack" .) (and (include "zonewatch.hubbleSocket" .) (kindIs "invalid" .Values.hubble.socketGroup)) }}true{{ end }}
+{{- if or (include "zonewatch.podResources" .) (include "zonewatch.bpffs" .) (and (include "zonewatch.hubbleSocket" .) (kindIs "invalid" .Values.hubble.socketGroup)) }}true{{ end }}
 {{- end }}
 
 {{/* Capabilities added back after drop ALL, per enabled source (see values.yaml). */}}
 {{- define "zonewatch.capabilities" -}}
 {{- $caps := list }}
-{{- if include "zonewatch.conntrack" . }}
+{{- if include "zonewatch.bpffs" . }}
 {{- $caps = append $caps "BPF" }}
 {{- if .Values.conntrack.sysAdmin }}
 {{- $caps = append $caps "SYS_ADMIN" }}

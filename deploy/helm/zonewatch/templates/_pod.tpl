@@ -115,6 +115,16 @@ spec:
         {{- else }}
         - --no-conntrack.enabled
         {{- end }}
+        {{- if include "zonewatch.ipcache" . }}
+        - --ipcache.bpffs-path={{ .Values.conntrack.bpffsHostPath }}/{{ .Values.conntrack.mapsSubPath }}
+        - --ipcache.refresh-interval={{ .Values.ipcache.refreshInterval }}
+        {{- else if not $relay }}
+        # No ipcache: every job pod of the cluster is watched to place remote addresses.
+        - --kube.pod-view=cluster
+        {{- end }}
+        {{- if not .Values.bpfConfine }}
+        - --no-bpf.confine
+        {{- end }}
         {{- if .Values.probe.enabled }}
         - --probe.listen-address=:{{ .Values.probe.port }}
         - --probe.port={{ .Values.probe.port }}
@@ -209,7 +219,7 @@ spec:
           mountPath: {{ .Values.gpu.podResources.hostPath }}
           readOnly: true
         {{- end }}
-        {{- if include "zonewatch.conntrack" . }}
+        {{- if include "zonewatch.bpffs" . }}
         - name: bpffs
           mountPath: {{ .Values.conntrack.bpffsHostPath }}
           readOnly: true
@@ -242,7 +252,8 @@ spec:
         path: {{ .Values.gpu.podResources.hostPath }}
         type: Directory
     {{- end }}
-    {{- if include "zonewatch.conntrack" . }}
+    {{- if include "zonewatch.bpffs" . }}
+    # Read by the conntrack and ipcache sources, each on its own switch.
     - name: bpffs
       hostPath:
         path: {{ .Values.conntrack.bpffsHostPath }}
