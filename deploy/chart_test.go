@@ -281,6 +281,25 @@ var variants = []variant{
 		wantUser(t, spec, 65534)
 		wantArgs(t, &spec.Containers[0], "--no-hubble.enabled", "--gpu.source=none", "--no-conntrack.enabled")
 	}},
+	{"hubble over TLS to the node's own server", "hubble: {access: tls, nodeTLS: {existingSecret: zonewatch-hubble-client}}\ngpu: {source: none}\nconntrack: {enabled: false}\nipcache: {enabled: false}", func(t *testing.T, _ []*unstructured.Unstructured, kind string, spec *corev1.PodSpec) {
+		c := &spec.Containers[0]
+		wantKind(t, kind, "DaemonSet")
+		wantArgs(t, c, "--hubble.enabled", "--hubble.address=$(HOST_IP):4244", "--hubble.tls",
+			"--hubble.tls.ca-file=/etc/zonewatch/hubble-tls/ca.crt", "--hubble.tls.cert-file=/etc/zonewatch/hubble-tls/tls.crt",
+			"--hubble.tls.key-file=/etc/zonewatch/hubble-tls/tls.key", "--hubble.tls.server-name=$(NODE_NAME).default.hubble-grpc.cilium.io")
+		// Nothing of the agent's is mounted: no host path at all here.
+		wantHostPaths(t, spec)
+		wantUser(t, spec, 65534)
+		var secret bool
+		for _, v := range spec.Volumes {
+			if v.Secret != nil && v.Secret.SecretName == "zonewatch-hubble-client" && v.Name == "hubble-tls" {
+				secret = true
+			}
+		}
+		if !secret {
+			t.Errorf("no hubble-tls volume of the Secret zonewatch-hubble-client: %+v", spec.Volumes)
+		}
+	}},
 	{"hubble relay", "hubble: {relay: {enabled: true, address: 'hubble-relay.kube-system.svc:443', tls: {enabled: true, existingSecret: hubble-relay-ca, clientCert: true, serverName: '*.hubble-relay.cilium.io'}}}",
 		func(t *testing.T, objs []*unstructured.Unstructured, kind string, spec *corev1.PodSpec) {
 			c := &spec.Containers[0]
@@ -406,6 +425,8 @@ func TestChartRefusesBadValues(t *testing.T) {
 		{"gpu: {source: dcgm_exporter}", "/gpu/source"},
 		{"conntrack: {layout: newest}", "/conntrack/layout"},
 		{"hubble: {socketGroup: cilium}", "/hubble/socketGroup"},
+		{"hubble: {access: sock}", "/hubble/access"},
+		{"hubble: {access: tls}", "hubble.access=tls needs hubble.nodeTLS.existingSecret"},
 		{"scrape: {job: ''}", "/scrape/job"},
 	} {
 		_, err := runHelm(t, tc.values, "template", release, chartDir)

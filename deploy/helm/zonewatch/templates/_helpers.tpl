@@ -68,7 +68,10 @@ node; the node-local sources (GPU, conntrack) are off in it.
 
 {{/* Which sources this workload runs ("true" or empty). */}}
 {{- define "zonewatch.hubbleSocket" -}}
-{{- if and .Values.hubble.enabled (not .Values.hubble.relay.enabled) }}true{{ end }}
+{{- if and .Values.hubble.enabled (not .Values.hubble.relay.enabled) (ne .Values.hubble.access "tls") }}true{{ end }}
+{{- end }}
+{{- define "zonewatch.hubbleNodeTLS" -}}
+{{- if and .Values.hubble.enabled (not .Values.hubble.relay.enabled) (eq .Values.hubble.access "tls") }}true{{ end }}
 {{- end }}
 {{- define "zonewatch.gpu" -}}
 {{- if and (ne .Values.gpu.source "none") (not (include "zonewatch.relay" .)) }}true{{ end }}

@@ -82,6 +82,14 @@ spec:
         {{- end }}
         {{- end }}
         {{- end }}
+        {{- else if include "zonewatch.hubbleNodeTLS" . }}
+        # The node's own Hubble server over TLS: nothing of the agent's mounted.
+        - --hubble.address=$(HOST_IP):{{ .Values.hubble.nodeTLS.port }}
+        - --hubble.tls
+        - --hubble.tls.ca-file=/etc/zonewatch/hubble-tls/ca.crt
+        - --hubble.tls.cert-file=/etc/zonewatch/hubble-tls/tls.crt
+        - --hubble.tls.key-file=/etc/zonewatch/hubble-tls/tls.key
+        - --hubble.tls.server-name=$(NODE_NAME).{{ .Values.hubble.nodeTLS.clusterName }}.hubble-grpc.cilium.io
         {{- else }}
         - --hubble.address=unix://{{ .Values.hubble.socketDir }}/{{ .Values.hubble.socketName }}
         {{- end }}
@@ -225,7 +233,7 @@ spec:
           readOnly: true
           mountPropagation: HostToContainer
         {{- end }}
-        {{- if and $relay .Values.hubble.relay.tls.enabled .Values.hubble.relay.tls.existingSecret }}
+        {{- if or (and $relay .Values.hubble.relay.tls.enabled .Values.hubble.relay.tls.existingSecret) (include "zonewatch.hubbleNodeTLS" .) }}
         - name: hubble-tls
           mountPath: /etc/zonewatch/hubble-tls
           readOnly: true
@@ -263,6 +271,10 @@ spec:
     - name: hubble-tls
       secret:
         secretName: {{ .Values.hubble.relay.tls.existingSecret }}
+    {{- else if include "zonewatch.hubbleNodeTLS" . }}
+    - name: hubble-tls
+      secret:
+        secretName: {{ required "hubble.access=tls needs hubble.nodeTLS.existingSecret (ca.crt, tls.crt, tls.key)" .Values.hubble.nodeTLS.existingSecret }}
     {{- end }}
     {{- if $webSecret }}
     - name: web-config
