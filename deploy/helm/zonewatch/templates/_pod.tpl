@@ -201,7 +201,7 @@ spec:
         {{- with .Values.livenessProbe }}
         {{- toYaml . | nindent 8 }}
         {{- end }}
-      # Ready once the Kubernetes informers synced; GET /readyz names any source that is down (zonewatch_source_up 0), which does not make the pod unready.
+      # Ready once the Kubernetes informers synced and the ipcache was read once; GET /readyz names any source that is down (zonewatch_source_up 0), which does not make the pod unready.
       readinessProbe:
         httpGet:
           path: /readyz
