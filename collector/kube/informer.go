@@ -48,6 +48,9 @@ type Live struct {
 	feeds    map[jobSel]*jobFeed
 	localSel map[string]jobSel
 	stopped  bool // Run's context is done: no new feed
+	// hook wraps every handler and job-feed list/watch call of the
+	// per-node view; set by tests only (export_test.go), before Run.
+	hook func(ev handlerEvent, call func())
 }
 
 // WithOwners makes Run resolve top owners (TrainJob over JobSet, RayJob

@@ -73,9 +73,9 @@ func NewLocal(client kubernetes.Interface, index *topology.Index, rules []topolo
 		return nil, nil, err
 	}
 	reg, err := pi.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(o any) { l.localPod(o) },
-		UpdateFunc: func(_, o any) { l.localPod(o) },
-		DeleteFunc: func(o any) { l.localPodGone(o) },
+		AddFunc:    func(o any) { l.around("", "add", o, func() { l.localPod(o) }) },
+		UpdateFunc: func(_, o any) { l.around("", "update", o, func() { l.localPod(o) }) },
+		DeleteFunc: func(o any) { l.around("", "delete", o, func() { l.localPodGone(o) }) },
 	})
 	if err != nil {
 		return nil, nil, fmt.Errorf("pod informer handler: %w", err)
@@ -200,13 +200,15 @@ func (l *Live) startFeedLocked(sel jobSel) (*jobFeed, error) {
 	selector := labels.SelectorFromSet(labels.Set{sel.label: sel.value}).String()
 	pods := l.client.CoreV1().Pods(sel.namespace)
 	lw := &cache.ListWatch{
-		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (obj runtime.Object, err error) {
 			o.LabelSelector = selector
-			return pods.List(ctx, o)
+			l.around(sel.String(), "list", nil, func() { obj, err = pods.List(ctx, o) })
+			return obj, err
 		},
-		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (w watch.Interface, err error) {
 			o.LabelSelector = selector
-			return pods.Watch(ctx, o)
+			l.around(sel.String(), "watch", nil, func() { w, err = pods.Watch(ctx, o) })
+			return w, err
 		},
 	}
 	inf := cache.NewSharedIndexInformer(lw, &corev1.Pod{}, l.resync, cache.Indexers{})
@@ -215,9 +217,9 @@ func (l *Live) startFeedLocked(sel jobSel) (*jobFeed, error) {
 	}
 	f := &jobFeed{inf: inf, stop: make(chan struct{})}
 	reg, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(o any) { l.feedPod(sel, f, o) },
-		UpdateFunc: func(_, o any) { l.feedPod(sel, f, o) },
-		DeleteFunc: func(o any) { l.feedPodGone(sel, f, o) },
+		AddFunc:    func(o any) { l.around(sel.String(), "add", o, func() { l.feedPod(sel, f, o) }) },
+		UpdateFunc: func(_, o any) { l.around(sel.String(), "update", o, func() { l.feedPod(sel, f, o) }) },
+		DeleteFunc: func(o any) { l.around(sel.String(), "delete", o, func() { l.feedPodGone(sel, f, o) }) },
 	})
 	if err != nil {
 		return nil, fmt.Errorf("job pod informer handler: %w", err)
@@ -290,4 +292,24 @@ func (l *Live) Feeds() int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return len(l.feeds)
+}
+
+// handlerEvent is one call of the per-node view into its informers: a
+// handler of the node's pod informer (Feed "") or of a job feed (Feed: the
+// job's selector), or a job feed's list or watch call (no pod).
+type handlerEvent struct{ Feed, Op, Namespace, Name string }
+
+// around runs one handler or list/watch call, through the test hook when
+// one is set (export_test.go: the ghost tests hold and order handlers to
+// open the windows between a store change and its handler).
+func (l *Live) around(feed, op string, o any, call func()) {
+	if l.hook == nil {
+		call()
+		return
+	}
+	ev := handlerEvent{Feed: feed, Op: op}
+	if p, ok := tombstone(o).(*CachedPod); ok {
+		ev.Namespace, ev.Name = p.Namespace, p.Name
+	}
+	l.hook(ev, call)
 }
