@@ -167,6 +167,8 @@ type ghostCluster struct {
 	nodes  int
 	ipSeq  int
 	ips    map[string]bool // every pod address handed out (none is reused)
+	// submitted counts the submissions of each job name.
+	submitted map[string]int
 }
 
 const ghostNS, ghostNode = "ml", "node-0"
@@ -207,6 +209,10 @@ func (c *ghostCluster) pod(name, node string, labels map[string]string) {
 
 // submit creates a job of shape s: one pod on the view's node when local,
 // and remote pods on the other nodes. It returns the local pod's name.
+// The local pod's name is the same in every submission of the job; the
+// remote pods' indexes alternate between 1-4 and 5-8, so that a pod of
+// the last submission left in the index is not hidden by a new pod of its
+// name.
 func (c *ghostCluster) submit(s ghostShape, job string, local bool, remote int) string {
 	var localName string
 	if local {
@@ -214,8 +220,10 @@ func (c *ghostCluster) submit(s ghostShape, job string, local bool, remote int) 
 		c.pod(name, ghostNode, labels)
 		localName = name
 	}
+	c.submitted[job]++
+	first := 1 + 4*(c.submitted[job]%2)
 	for i := range remote {
-		name, labels := s.pod(job, i+1, false)
+		name, labels := s.pod(job, first+i, false)
 		c.pod(name, fmt.Sprintf("node-%d", 1+c.r.IntN(c.nodes-1)), labels)
 	}
 	return localName
@@ -458,7 +466,7 @@ func TestGhostPods(t *testing.T) {
 	}
 	seed := uint64(time.Now().UnixNano())
 	t.Logf("seed %d", seed)
-	c := &ghostCluster{t: t, ctx: ctx, client: client, r: rand.New(rand.NewPCG(seed, 45)), nodes: 4, ips: map[string]bool{}}
+	c := &ghostCluster{t: t, ctx: ctx, client: client, r: rand.New(rand.NewPCG(seed, 45)), nodes: 4, ips: map[string]bool{}, submitted: map[string]int{}}
 	for i := range c.nodes {
 		c.createNode(i)
 	}
@@ -487,7 +495,8 @@ func TestGhostPods(t *testing.T) {
 	waitView(t, "start", c, l, index, baseWatches)
 
 	rounds := costEnv("ZONEWATCH_GHOST_ROUNDS", 200)
-	churn := 0
+	churn, moved, presync := 0, 0, 0
+	deleted := make([]int, ways)
 	for round := range rounds {
 		what := fmt.Sprintf("round %d", round)
 		// A job whose only pod leaves before its feed has listed.
@@ -503,6 +512,7 @@ func TestGhostPods(t *testing.T) {
 		c.del(name, new(int64))
 		h.waitRan(t, m, what+": the node's handler deletes "+name, on("", "delete", name))
 		h.release(open)
+		presync++
 
 		// Jobs that are not followed come and go, some with a pod here.
 		switch c.r.IntN(3) {
@@ -541,6 +551,7 @@ func TestGhostPods(t *testing.T) {
 			})
 			h.release(held)
 			h.waitRan(t, m, what+": the old job's feed deletes the moved pod "+p.Name, on(feedOf(ghostShapes[from], mains[from]), "delete", p.Name))
+			moved++
 			break
 		}
 
@@ -589,6 +600,7 @@ func TestGhostPods(t *testing.T) {
 			waitStored(t, l, s.label, job, remote)
 			h.release(feedHeld)
 		}
+		deleted[way] += len(pods)
 		// Resubmitted under the same name at once.
 		c.submit(s, job, true, 2+c.r.IntN(3))
 		waitView(t, fmt.Sprintf("%s (%s, %s)", what, job, wayNames[way]), c, l, index, baseWatches)
@@ -600,5 +612,10 @@ func TestGhostPods(t *testing.T) {
 	if n := l.Feeds(); n != 0 {
 		t.Errorf("%d job feeds left", n)
 	}
-	t.Logf("%d rounds: %d job pod addresses handed out; job feeds and namespaced pod watches back to %d", rounds, len(c.ips), baseWatches)
+	var ws []string
+	for w, n := range deleted {
+		ws = append(ws, fmt.Sprintf("%s %d", wayNames[w], n))
+	}
+	t.Logf("%d rounds: pods deleted with the handlers held: %s; %d pods moved between jobs; %d feeds whose pod left before they listed; %d job pod addresses handed out; job feeds and namespaced pod watches back to %d",
+		rounds, strings.Join(ws, ", "), moved, presync, len(c.ips), baseWatches)
 }
