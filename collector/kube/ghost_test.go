@@ -453,8 +453,9 @@ func waitStored(t *testing.T, l *kube.Live, label, job string, pods []corev1.Pod
 // followed. After each round the index holds exactly the apiserver's pods
 // of the followed jobs, no other address resolves, and the job feeds and
 // the apiserver's namespaced pod watches are one per followed job; at the
-// end, with every pod gone, none is left. 200 rounds; it needs etcd and
-// kube-apiserver, so -short skips it (the unit tier).
+// end, with every pod gone, none is left. 200 rounds (another count:
+// ZONEWATCH_GHOST_ROUNDS); it needs etcd and kube-apiserver, so -short
+// skips it (the unit tier).
 func TestGhostPods(t *testing.T) {
 	testenv.Integration(t)
 	api := testenv.StartAPIServer(t)
