@@ -41,13 +41,18 @@ type Live struct {
 	// denied makes a missing RBAC rule loud (Denials).
 	denied *Denials
 
-	// The per-node view (NewLocal): the job feeds by selector and the
-	// selector of each of the node's job pods (by namespace/name), under mu.
+	// The per-node view (NewLocal), under mu: the job feeds by selector,
+	// the selector of each of the node's job pods, and the holders of each
+	// pod it put in the index (both by namespace/name).
 	client   kubernetes.Interface
 	strip    func(any) (any, error)
 	feeds    map[jobSel]*jobFeed
 	localSel map[string]jobSel
+	held     map[string][]holding
 	stopped  bool // Run's context is done: no new feed
+	// hook wraps every handler and job-feed list/watch call of the
+	// per-node view; set by tests only (export_test.go), before Run.
+	hook func(ev handlerEvent, call func())
 }
 
 // WithOwners makes Run resolve top owners (TrainJob over JobSet, RayJob
@@ -152,10 +157,8 @@ func (l *Live) Run(ctx context.Context, factories []informers.SharedInformerFact
 		l.mu.Lock()
 		defer l.mu.Unlock()
 		l.stopped = true
-		for sel, f := range l.feeds {
-			f.stopped = true
-			close(f.stop)
-			delete(l.feeds, sel)
+		for _, f := range l.feeds {
+			l.stopFeedLocked(f)
 		}
 	}()
 	for _, f := range factories {
@@ -221,20 +224,21 @@ func (l *Live) ownerChanged(key string) {
 	if l.owners == nil {
 		return // the owner informers' first sync: no pod is identified yet
 	}
-	for _, k := range l.owners.keysBelow(key) {
+	keys := l.owners.keysBelow(key)
+	if l.held != nil { // the per-node view: what its handlers hold
+		below := make(map[string]bool, len(keys))
+		for _, k := range keys {
+			below[k] = true
+		}
+		l.reidentifyLocked(below)
+		return
+	}
+	for _, k := range keys {
 		for source, inf := range l.pods {
 			objs, _ := inf.GetIndexer().ByIndex(controllerIndex, k)
 			for _, o := range objs {
 				if p, ok := o.(*CachedPod); ok {
 					l.upsert(source, p)
-				}
-			}
-		}
-		for _, inf := range l.feedInformersLocked() {
-			objs, _ := inf.GetIndexer().ByIndex(controllerIndex, k)
-			for _, o := range objs {
-				if p, ok := o.(*CachedPod); ok {
-					l.upsert(sourceJobPods, p)
 				}
 			}
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"slices"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -11,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/resourceversion"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
@@ -21,13 +23,9 @@ import (
 	"github.com/zonewatch/zonewatch/topology"
 )
 
-// Feed sources of the per-node view: the node's own pods, and the pods of
-// its jobs (one feed per job; a pod is in one job's feed only: it is
-// selected by the label of the rule that identifies it).
-const (
-	sourceNodePods = 0
-	sourceJobPods  = 1
-)
+// sourceView is the index source of the per-node view: one for all its
+// informers, since l.held decides when a pod leaves the index.
+const sourceView = 0
 
 // jobSel selects one job's pods: the label of the rule that identifies
 // them and its value, in the job's namespace.
@@ -40,11 +38,26 @@ func (s jobSel) String() string { return s.namespace + "/" + s.label + "=" + s.v
 // left anywhere: what the index says of the job (its existence, with the
 // counters of its flows here) stays what the cluster-wide view says.
 type jobFeed struct {
-	inf     cache.SharedIndexInformer
-	synced  cache.InformerSynced
-	stop    chan struct{}
-	local   int // pods of the job on this node
+	sel    jobSel
+	inf    cache.SharedIndexInformer
+	synced cache.InformerSynced
+	stop   chan struct{}
+	local  int // pods of the job on this node
+	// held counts the pods this feed's handler put in the index and has
+	// not yet seen go (l.held): the feed stops only at zero, so no
+	// deletion it was handed is lost with it.
+	held    int
 	stopped bool
+}
+
+// holding is one holder's last version of a pod the per-node view put in
+// the index: the node's pod informer's (by nil) or a job feed's. A pod is
+// held by each informer that handed it over until that informer's handler
+// sees it go (deleted, or out of its selector): a pod that moves from one
+// job to another by its labels stays while either feed holds it.
+type holding struct {
+	by  *jobFeed
+	pod *CachedPod
 }
 
 // NewLocal prepares the informers of the per-node view (DaemonSet mode):
@@ -59,7 +72,7 @@ func NewLocal(client kubernetes.Interface, index *topology.Index, rules []topolo
 		return nil, nil, fmt.Errorf("the per-node view needs the node's name")
 	}
 	l := &Live{index: index, rules: rules, logger: logger, resync: resync, denied: NewDenials("kubernetes", logger),
-		client: client, feeds: map[jobSel]*jobFeed{}, localSel: map[string]jobSel{}, strip: PodStripper(rules)}
+		client: client, feeds: map[jobSel]*jobFeed{}, localSel: map[string]jobSel{}, held: map[string][]holding{}, strip: PodStripper(rules)}
 	nf, err := l.nodeInformer(client)
 	if err != nil {
 		return nil, nil, err
@@ -73,14 +86,13 @@ func NewLocal(client kubernetes.Interface, index *topology.Index, rules []topolo
 		return nil, nil, err
 	}
 	reg, err := pi.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(o any) { l.localPod(o) },
-		UpdateFunc: func(_, o any) { l.localPod(o) },
-		DeleteFunc: func(o any) { l.localPodGone(o) },
+		AddFunc:    func(o any) { l.around("", "add", o, func() { l.localPod(o) }) },
+		UpdateFunc: func(_, o any) { l.around("", "update", o, func() { l.localPod(o) }) },
+		DeleteFunc: func(o any) { l.around("", "delete", o, func() { l.localPodGone(o) }) },
 	})
 	if err != nil {
 		return nil, nil, fmt.Errorf("pod informer handler: %w", err)
 	}
-	l.pods = append(l.pods, pi)
 	l.synced = append(l.synced, reg.HasSynced)
 	return l, []informers.SharedInformerFactory{nf, pf}, nil
 }
@@ -125,19 +137,18 @@ func (l *Live) localPod(o any) {
 	defer l.mu.Unlock()
 	key := p.Namespace + "/" + p.Name
 	sel, isJob := l.selOf(p)
-	prev, had := l.localSel[key]
-	if !isJob && !had {
+	if !isJob && !l.holdsLocked(nil, key) {
 		return // a pod of no job, as before: nothing for the index
 	}
-	l.upsert(sourceNodePods, p)
-	if had {
-		if isJob && prev == sel {
-			return
-		}
-		l.releaseLocked(prev)
+	// Held until deleted, also once it names no job (the index drops it
+	// by this version: a feed's older one must not bring it back).
+	l.putLocked(nil, p)
+	prev, had := l.localSel[key]
+	if had && (!isJob || prev != sel) {
 		delete(l.localSel, key)
+		l.releaseLocked(prev)
 	}
-	if isJob {
+	if isJob && (!had || prev != sel) {
 		l.localSel[key] = sel
 		l.acquireLocked(sel)
 	}
@@ -150,7 +161,7 @@ func (l *Live) localPodGone(o any) {
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.index.DeletePod(sourceNodePods, p.Namespace, p.Name)
+	l.dropLocked(nil, p.Namespace, p.Name)
 	key := p.Namespace + "/" + p.Name
 	if sel, had := l.localSel[key]; had {
 		delete(l.localSel, key)
@@ -182,52 +193,176 @@ func (l *Live) releaseLocked(sel jobSel) {
 		return
 	}
 	f.local--
-	l.stopIdleLocked(sel, f)
+	l.stopIdleLocked(f)
 }
 
-// stopIdleLocked stops a job's feed once the node has no pod of the job
-// and the job has no pod left; its pods leave the index.
-func (l *Live) stopIdleLocked(sel jobSel, f *jobFeed) {
-	if f.local > 0 || !f.synced() || len(f.inf.GetStore().ListKeys()) > 0 {
+// stopIdleLocked stops a job's feed once the node has no pod of the job,
+// the feed has synced, its handler has seen every pod it put in the index
+// go, and its store holds no pod its handler is still to be handed (the
+// job has no pod left anywhere). The handler's own count decides that
+// stopping loses nothing: client-go removes an object from the store
+// before the handler sees the deletion (with InOrderInformersBatchProcess,
+// a whole batch before any handler runs), and a stopped feed's queued
+// handlers never run; the store only keeps a feed running longer.
+func (l *Live) stopIdleLocked(f *jobFeed) {
+	if f.stopped || f.local > 0 || f.held > 0 || !f.synced() || len(f.inf.GetStore().ListKeys()) > 0 {
 		return
 	}
+	l.stopFeedLocked(f)
+}
+
+// stopFeedLocked stops a feed. What it still holds (only at Run's end:
+// an idle feed holds nothing) leaves the index with it, so no deletion
+// that arrives after the stop, or never, can leave a pod there.
+func (l *Live) stopFeedLocked(f *jobFeed) {
 	f.stopped = true
 	close(f.stop)
-	delete(l.feeds, sel)
+	if l.feeds[f.sel] == f {
+		delete(l.feeds, f.sel)
+	}
+	for _, hs := range l.held {
+		if f.held == 0 {
+			break
+		}
+		for _, h := range hs {
+			if h.by == f {
+				l.dropLocked(f, h.pod.Namespace, h.pod.Name)
+				break
+			}
+		}
+	}
+}
+
+// holdsLocked reports whether by (nil: the node's pod informer) holds the
+// pod.
+func (l *Live) holdsLocked(by *jobFeed, key string) bool {
+	return slices.ContainsFunc(l.held[key], func(h holding) bool { return h.by == by })
+}
+
+// putLocked records by's version of a pod and puts it in the index,
+// unless another holder handed over a newer one (each informer delivers
+// in its own order).
+func (l *Live) putLocked(by *jobFeed, p *CachedPod) {
+	key := p.Namespace + "/" + p.Name
+	hs := l.held[key]
+	mine, newest := -1, true
+	for i, h := range hs {
+		if h.by == by {
+			mine = i
+		} else if newer(h.pod, p) {
+			newest = false
+		}
+	}
+	if mine < 0 {
+		l.held[key] = append(hs, holding{by, p})
+		if by != nil {
+			by.held++
+		}
+	} else {
+		hs[mine].pod = p
+	}
+	if newest {
+		l.upsert(sourceView, p)
+	}
+}
+
+// dropLocked lets go of by's hold on a pod: the pod leaves the index with
+// its last holder; while another holds it, it stays as that holder's
+// newest version has it.
+func (l *Live) dropLocked(by *jobFeed, namespace, name string) {
+	key := namespace + "/" + name
+	hs := l.held[key]
+	i := slices.IndexFunc(hs, func(h holding) bool { return h.by == by })
+	if i < 0 {
+		return
+	}
+	hs = slices.Delete(hs, i, i+1)
+	if by != nil {
+		by.held--
+	}
+	if len(hs) == 0 {
+		delete(l.held, key)
+		l.index.DeletePod(sourceView, namespace, name)
+		return
+	}
+	l.held[key] = hs
+	l.upsert(sourceView, newestOf(hs))
+}
+
+// newestOf is the latest version of a pod among its holders'.
+func newestOf(hs []holding) *CachedPod {
+	n := hs[0].pod
+	for _, h := range hs[1:] {
+		if newer(h.pod, n) {
+			n = h.pod
+		}
+	}
+	return n
+}
+
+// newer reports whether a is a later version of the pod than b (their
+// resource versions compared as the apiserver's; false when either is not
+// a comparable one).
+func newer(a, b *CachedPod) bool {
+	c, err := resourceversion.CompareResourceVersion(a.ResourceVersion, b.ResourceVersion)
+	return err == nil && c > 0
+}
+
+// reidentifyLocked puts every held pod whose controller is one of the
+// owner objects (objectKey) in the index again: its top owner changed.
+func (l *Live) reidentifyLocked(owners map[string]bool) {
+	for _, hs := range l.held {
+		if p := newestOf(hs); p.ownerKey != "" && owners[p.ownerKey] {
+			l.upsert(sourceView, p)
+		}
+	}
 }
 
 func (l *Live) startFeedLocked(sel jobSel) (*jobFeed, error) {
 	selector := labels.SelectorFromSet(labels.Set{sel.label: sel.value}).String()
 	pods := l.client.CoreV1().Pods(sel.namespace)
 	lw := &cache.ListWatch{
-		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (obj runtime.Object, err error) {
 			o.LabelSelector = selector
-			return pods.List(ctx, o)
+			l.around(sel.String(), "list", nil, func() { obj, err = pods.List(ctx, o) })
+			return obj, err
 		},
-		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (w watch.Interface, err error) {
 			o.LabelSelector = selector
-			return pods.Watch(ctx, o)
+			l.around(sel.String(), "watch", nil, func() { w, err = pods.Watch(ctx, o) })
+			return w, err
 		},
 	}
 	inf := cache.NewSharedIndexInformer(lw, &corev1.Pod{}, l.resync, cache.Indexers{})
 	if err := l.podInformer(inf); err != nil {
 		return nil, err
 	}
-	f := &jobFeed{inf: inf, stop: make(chan struct{})}
+	f := &jobFeed{sel: sel, inf: inf, stop: make(chan struct{})}
 	reg, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(o any) { l.feedPod(sel, f, o) },
-		UpdateFunc: func(_, o any) { l.feedPod(sel, f, o) },
-		DeleteFunc: func(o any) { l.feedPodGone(sel, f, o) },
+		AddFunc:    func(o any) { l.around(sel.String(), "add", o, func() { l.feedPod(f, o) }) },
+		UpdateFunc: func(_, o any) { l.around(sel.String(), "update", o, func() { l.feedPod(f, o) }) },
+		DeleteFunc: func(o any) { l.around(sel.String(), "delete", o, func() { l.feedPodGone(f, o) }) },
 	})
 	if err != nil {
 		return nil, fmt.Errorf("job pod informer handler: %w", err)
 	}
 	f.synced = reg.HasSynced
 	go inf.Run(f.stop)
+	go func() {
+		// A feed whose node's pods all left before it synced is idle
+		// once it has: nothing else would stop it.
+		select {
+		case <-reg.HasSyncedChecker().Done():
+			l.mu.Lock()
+			l.stopIdleLocked(f)
+			l.mu.Unlock()
+		case <-f.stop:
+		}
+	}()
 	return f, nil
 }
 
-func (l *Live) feedPod(sel jobSel, f *jobFeed, o any) {
+func (l *Live) feedPod(f *jobFeed, o any) {
 	p, ok := o.(*CachedPod)
 	if !ok {
 		return
@@ -237,10 +372,10 @@ func (l *Live) feedPod(sel jobSel, f *jobFeed, o any) {
 	if f.stopped {
 		return
 	}
-	l.upsert(sourceJobPods, p)
+	l.putLocked(f, p)
 }
 
-func (l *Live) feedPodGone(sel jobSel, f *jobFeed, o any) {
+func (l *Live) feedPodGone(f *jobFeed, o any) {
 	p, ok := tombstone(o).(*CachedPod)
 	if !ok {
 		return
@@ -250,8 +385,8 @@ func (l *Live) feedPodGone(sel jobSel, f *jobFeed, o any) {
 	if f.stopped {
 		return
 	}
-	l.index.DeletePod(sourceJobPods, p.Namespace, p.Name)
-	l.stopIdleLocked(sel, f)
+	l.dropLocked(f, p.Namespace, p.Name)
+	l.stopIdleLocked(f)
 }
 
 // waitFeeds waits until every job feed started so far has synced (the
@@ -275,19 +410,29 @@ func (l *Live) waitFeeds(ctx context.Context) error {
 	}
 }
 
-// feedInformers lists the job feeds' informers (owner changes read their
-// pods). Under l.mu.
-func (l *Live) feedInformersLocked() []cache.SharedIndexInformer {
-	out := make([]cache.SharedIndexInformer, 0, len(l.feeds))
-	for _, f := range l.feeds {
-		out = append(out, f.inf)
-	}
-	return out
-}
-
 // Feeds reports how many job pod informers the per-node view runs.
 func (l *Live) Feeds() int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return len(l.feeds)
+}
+
+// handlerEvent is one call of the per-node view into its informers: a
+// handler of the node's pod informer (Feed "") or of a job feed (Feed: the
+// job's selector), or a job feed's list or watch call (no pod).
+type handlerEvent struct{ Feed, Op, Namespace, Name string }
+
+// around runs one handler or list/watch call, through the test hook when
+// one is set (export_test.go: the ghost tests hold and order handlers to
+// open the windows between a store change and its handler).
+func (l *Live) around(feed, op string, o any, call func()) {
+	if l.hook == nil {
+		call()
+		return
+	}
+	ev := handlerEvent{Feed: feed, Op: op}
+	if p, ok := tombstone(o).(*CachedPod); ok {
+		ev.Namespace, ev.Name = p.Namespace, p.Name
+	}
+	l.hook(ev, call)
 }

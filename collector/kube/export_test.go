@@ -1,0 +1,23 @@
+package kube
+
+// HandlerEvent is one handler or job-feed list/watch call of the per-node
+// view (Feed "" is the node's pod informer, else the job's selector
+// "namespace/label=value"; Op is add, update, delete, list or watch).
+type HandlerEvent = handlerEvent
+
+// SetHook makes the per-node view run each handler and job-feed list/watch
+// call through h (h must call call once); before Run.
+func SetHook(l *Live, h func(ev HandlerEvent, call func())) { l.hook = h }
+
+// FeedStored lists the pods (namespace/name) the job feed of the selector
+// holds in its informer's store: what its watch delivered, whether or not
+// its handler ran yet. Nil when no such feed runs.
+func FeedStored(l *Live, namespace, label, value string) []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	f := l.feeds[jobSel{namespace, label, value}]
+	if f == nil {
+		return nil
+	}
+	return f.inf.GetStore().ListKeys()
+}
