@@ -50,18 +50,24 @@ var BuiltinVars = map[string]string{
 // Queries returns every query of a dashboard (panel targets, including
 // panels inside collapsed rows, query variables and annotations) with
 // template variables substituted from vars, over the dashboard's constant
-// variables (the prices), over BuiltinVars. A variable
-// that is neither in vars nor built in is an error, so a test cannot
-// silently run a query with a "$namespace" left in it.
+// variables (the prices, the cluster label) and the saved defaults of its
+// other variables (what Grafana shows first: the scrape job, the hidden
+// cluster variable's All), over BuiltinVars. A variable that is neither in
+// vars, saved nor built in is an error, so a test cannot silently run a
+// query with a "$namespace" left in it.
 func Queries(dashboardJSON []byte, vars map[string]string) ([]Query, error) {
 	var d struct {
 		UID        string      `json:"uid"`
 		Panels     []jsonPanel `json:"panels"`
 		Templating struct {
 			List []struct {
-				Name  string          `json:"name"`
-				Type  string          `json:"type"`
-				Query json.RawMessage `json:"query"`
+				Name     string          `json:"name"`
+				Type     string          `json:"type"`
+				Query    json.RawMessage `json:"query"`
+				AllValue string          `json:"allValue"`
+				Current  *struct {
+					Value any `json:"value"`
+				} `json:"current"`
 			} `json:"list"`
 		} `json:"templating"`
 		Annotations struct {
@@ -81,6 +87,9 @@ func Queries(dashboardJSON []byte, vars map[string]string) ([]Query, error) {
 	all := maps.Clone(BuiltinVars)
 	for _, v := range d.Templating.List {
 		if v.Type != "constant" {
+			if saved, ok := savedValue(v.Current, v.AllValue); ok {
+				all[v.Name] = saved
+			}
 			continue
 		}
 		var value string
@@ -147,6 +156,26 @@ func Queries(dashboardJSON []byte, vars map[string]string) ([]Query, error) {
 		add(Query{Kind: KindAnnotation, Title: a.Name, RefID: ref, Raw: expr})
 	}
 	return out, errors.Join(errs...)
+}
+
+// savedValue is a variable's saved single value; "$__all" becomes its
+// allValue (.* when unset), as Grafana sends it.
+func savedValue(current *struct {
+	Value any `json:"value"`
+}, allValue string) (string, bool) {
+	if current == nil {
+		return "", false
+	}
+	s, ok := current.Value.(string)
+	switch {
+	case !ok || s == "":
+		return "", false
+	case s == "$__all" && allValue != "":
+		return allValue, true
+	case s == "$__all":
+		return ".*", true
+	}
+	return s, true
 }
 
 type jsonPanel struct {
