@@ -69,7 +69,7 @@ type lintPanel struct {
 			} `json:"properties"`
 		} `json:"overrides"`
 	} `json:"fieldConfig"`
-	Links  []struct {
+	Links []struct {
 		Title string `json:"title"`
 		Type  string `json:"type"`
 		URL   string `json:"url"`

@@ -61,13 +61,9 @@ func Queries(dashboardJSON []byte, vars map[string]string) ([]Query, error) {
 		Panels     []jsonPanel `json:"panels"`
 		Templating struct {
 			List []struct {
-				Name     string          `json:"name"`
-				Type     string          `json:"type"`
-				Query    json.RawMessage `json:"query"`
-				AllValue string          `json:"allValue"`
-				Current  *struct {
-					Value any `json:"value"`
-				} `json:"current"`
+				Name  string          `json:"name"`
+				Type  string          `json:"type"`
+				Query json.RawMessage `json:"query"`
 			} `json:"list"`
 		} `json:"templating"`
 		Annotations struct {
@@ -85,19 +81,11 @@ func Queries(dashboardJSON []byte, vars map[string]string) ([]Query, error) {
 		return nil, fmt.Errorf("decoding dashboard: %w", err)
 	}
 	all := maps.Clone(BuiltinVars)
-	for _, v := range d.Templating.List {
-		if v.Type != "constant" {
-			if saved, ok := savedValue(v.Current, v.AllValue); ok {
-				all[v.Name] = saved
-			}
-			continue
-		}
-		var value string
-		if err := json.Unmarshal(v.Query, &value); err != nil {
-			return nil, fmt.Errorf("constant variable %q: query is not a string: %s", v.Name, v.Query)
-		}
-		all[v.Name] = value
+	defaults, err := Defaults(dashboardJSON)
+	if err != nil {
+		return nil, err
 	}
+	maps.Copy(all, defaults)
 	maps.Copy(all, vars)
 
 	var out []Query
@@ -158,24 +146,52 @@ func Queries(dashboardJSON []byte, vars map[string]string) ([]Query, error) {
 	return out, errors.Join(errs...)
 }
 
-// savedValue is a variable's saved single value; "$__all" becomes its
-// allValue (.* when unset), as Grafana sends it.
-func savedValue(current *struct {
-	Value any `json:"value"`
-}, allValue string) (string, bool) {
-	if current == nil {
-		return "", false
+// Defaults returns the values a dashboard gives its variables by itself:
+// every constant's (the prices, the cluster label) and the saved value of
+// every other variable that has one (the scrape job; the hidden cluster
+// variable's All, sent as its allValue, .* when unset), as Grafana uses
+// them when the dashboard opens.
+func Defaults(dashboardJSON []byte) (map[string]string, error) {
+	var d struct {
+		Templating struct {
+			List []struct {
+				Name     string          `json:"name"`
+				Type     string          `json:"type"`
+				Query    json.RawMessage `json:"query"`
+				AllValue string          `json:"allValue"`
+				Current  *struct {
+					Value any `json:"value"`
+				} `json:"current"`
+			} `json:"list"`
+		} `json:"templating"`
 	}
-	s, ok := current.Value.(string)
-	switch {
-	case !ok || s == "":
-		return "", false
-	case s == "$__all" && allValue != "":
-		return allValue, true
-	case s == "$__all":
-		return ".*", true
+	if err := json.Unmarshal(dashboardJSON, &d); err != nil {
+		return nil, fmt.Errorf("decoding dashboard: %w", err)
 	}
-	return s, true
+	out := map[string]string{}
+	for _, v := range d.Templating.List {
+		if v.Type == "constant" {
+			var value string
+			if err := json.Unmarshal(v.Query, &value); err != nil {
+				return nil, fmt.Errorf("constant variable %q: query is not a string: %s", v.Name, v.Query)
+			}
+			out[v.Name] = value
+			continue
+		}
+		if v.Current == nil {
+			continue
+		}
+		switch s, _ := v.Current.Value.(string); {
+		case s == "":
+		case s == "$__all" && v.AllValue != "":
+			out[v.Name] = v.AllValue
+		case s == "$__all":
+			out[v.Name] = ".*"
+		default:
+			out[v.Name] = s
+		}
+	}
+	return out, nil
 }
 
 type jsonPanel struct {
