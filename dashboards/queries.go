@@ -33,6 +33,9 @@ type Query struct {
 	// label) becomes count by (label) (selector): it returns a series per
 	// value the variable would offer.
 	Expr string
+	// Label is the label whose values a label_values variable offers (the
+	// scrape_job variable offers job's); "" otherwise.
+	Label string
 }
 
 // BuiltinVars are values for Grafana's built-in variables that Queries uses
@@ -97,7 +100,7 @@ func Queries(dashboardJSON []byte, vars map[string]string) ([]Query, error) {
 			return
 		}
 		if q.Kind == KindVariable {
-			if expr, err = variableExpr(expr); err != nil {
+			if expr, q.Label, err = variableExpr(expr); err != nil {
 				errs = append(errs, fmt.Errorf("variable %q: %w", q.Title, err))
 				return
 			}
@@ -225,19 +228,20 @@ func variableQuery(raw json.RawMessage) (string, error) {
 var labelValuesRE = regexp.MustCompile(`^\s*label_values\(\s*(?:(.*\S)\s*,\s*)?([a-zA-Z_][a-zA-Z0-9_]*)\s*\)\s*$`)
 var queryResultRE = regexp.MustCompile(`^\s*query_result\((.*)\)\s*$`)
 
-// variableExpr turns a Grafana Prometheus variable query into PromQL.
-func variableExpr(q string) (string, error) {
+// variableExpr turns a Grafana Prometheus variable query into PromQL and
+// the label whose values it offers ("" for query_result).
+func variableExpr(q string) (string, string, error) {
 	if m := labelValuesRE.FindStringSubmatch(q); m != nil {
 		sel, label := m[1], m[2]
 		if sel == "" {
 			sel = fmt.Sprintf("{%s!=\"\"}", label)
 		}
-		return fmt.Sprintf("count by (%s) (%s)", label, sel), nil
+		return fmt.Sprintf("count by (%s) (%s)", label, sel), label, nil
 	}
 	if m := queryResultRE.FindStringSubmatch(q); m != nil {
-		return m[1], nil
+		return m[1], "", nil
 	}
-	return "", fmt.Errorf("unsupported variable query %q (want label_values or query_result)", q)
+	return "", "", fmt.Errorf("unsupported variable query %q (want label_values or query_result)", q)
 }
 
 // varRE matches Grafana's variable syntaxes: $name, ${name}, ${name:format}

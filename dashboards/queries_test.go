@@ -189,5 +189,11 @@ func TestQueriesUseSavedDefaults(t *testing.T) {
 		if all := exprs(qs); !strings.Contains(all, tc.want) {
 			t.Errorf("vars %v: no query has %s:\n%s", tc.vars, tc.want, all)
 		}
+		for _, q := range qs {
+			// A test picking the variable's values reads them from this label.
+			if q.Kind == KindVariable && q.Title == varScrapeJob && q.Label != "job" {
+				t.Errorf("variable %s offers the values of %q, want job", q.Title, q.Label)
+			}
+		}
 	}
 }
