@@ -9,21 +9,33 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"regexp"
 	"strings"
 
 	"github.com/grafana/grafana-foundation-sdk/go/dashboard"
 	"github.com/grafana/grafana-foundation-sdk/go/table"
+
+	"github.com/zonewatch/zonewatch/rules"
 )
 
 // Options are the knobs of the generator. Zero values are not valid; start
 // from DefaultOptions.
 type Options struct {
-	// ClusterLabel, when set, adds a `cluster` variable fed by
-	// label_values(zonewatch_build_info, <ClusterLabel>) and a
-	// <ClusterLabel>=~"$cluster" matcher to every selector. Empty: no variable.
+	// ClusterLabel is the label that tells clusters apart in a Prometheus
+	// holding several (match the rules' ClusterLabel). Every selector has a
+	// ${cluster_label}=~"$cluster" matcher and every dashboard a `cluster`
+	// variable fed by label_values(zonewatch_build_info, ${cluster_label});
+	// set, the variable is shown and cluster_label holds this label. Empty:
+	// the variable is hidden at All (.*, which selects every series, with
+	// the label or without) and cluster_label is "cluster". The chart sets
+	// both from values (templates/dashboards.yaml).
 	ClusterLabel string
-	// ScrapeJob is the Prometheus `job` target label of the exporter.
+	// ScrapeJob is the default of the scrape_job variable, the Prometheus
+	// `job` target label of the exporters that self-metric queries select.
 	ScrapeJob string
+	// RunbookBaseURL is the runbook document panels link to
+	// (RunbookBaseURL#<section>), as the alerts' runbook_url do.
+	RunbookBaseURL string
 	// CrossZoneUSDPerGB and GPUUSDPerHour must match the rules config; the
 	// cost dashboard shows them and prices byte counters with the first.
 	CrossZoneUSDPerGB float64
@@ -39,6 +51,7 @@ type Options struct {
 func DefaultOptions() Options {
 	return Options{
 		ScrapeJob:          "zonewatch",
+		RunbookBaseURL:     rules.DefaultRunbookBaseURL,
 		CrossZoneUSDPerGB:  0.01,
 		GPUUSDPerHour:      4.00,
 		IdleGPUUtilization: 0.05,
@@ -113,14 +126,19 @@ func (o Options) validate() error {
 	if o.Folder == "" {
 		errs = append(errs, "Folder is empty")
 	}
-	if strings.ContainsAny(o.ClusterLabel, "{}\"=~ ") {
+	if o.ClusterLabel != "" && !labelNameRE.MatchString(o.ClusterLabel) {
 		errs = append(errs, "ClusterLabel must be a plain label name")
+	}
+	if o.RunbookBaseURL == "" || strings.ContainsAny(o.RunbookBaseURL, "#\" ") {
+		errs = append(errs, "RunbookBaseURL must be a URL without fragment, quotes or spaces")
 	}
 	if len(errs) > 0 {
 		return fmt.Errorf("invalid dashboard options: %s", strings.Join(errs, "; "))
 	}
 	return nil
 }
+
+var labelNameRE = regexp.MustCompile(`^[a-zA-Z_][a-zA-Z0-9_]*$`)
 
 // scrub removes defaults that grafana-foundation-sdk v0.0.22 emits but the
 // current Grafana schema (@grafana/schema 13) no longer has; the schema

@@ -7,6 +7,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/zonewatch/zonewatch/rules"
 )
 
 const regenerate = "run `go run ./dashboards/gen` from the repository root and commit the result"
@@ -117,6 +119,9 @@ func TestOptionsValidated(t *testing.T) {
 		"idle above 1":         func(o *Options) { o.IdleGPUUtilization = 1.5 },
 		"no folder":            func(o *Options) { o.Folder = "" },
 		"cluster label syntax": func(o *Options) { o.ClusterLabel = `cluster="x"` },
+		"cluster label digit":  func(o *Options) { o.ClusterLabel = "1cluster" },
+		"runbook fragment":     func(o *Options) { o.RunbookBaseURL = rules.DefaultRunbookBaseURL + "#top" },
+		"no runbook":           func(o *Options) { o.RunbookBaseURL = "" },
 	} {
 		o := DefaultOptions()
 		mutate(&o)

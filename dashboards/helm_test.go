@@ -2,6 +2,7 @@ package dashboards
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -111,6 +112,81 @@ func TestHelmTemplate(t *testing.T) {
 	if off := runHelm(t, helm, "template", "zw", chart, "--set", "dashboards.enabled=false"); strings.Contains(off, "kind: ConfigMap") {
 		t.Errorf("dashboards.enabled=false still renders ConfigMaps")
 	}
+
+	// The variables' defaults and the runbook links from values, linted as
+	// the generator's own variants are.
+	anchors := runbookAnchors(t)
+	for _, tc := range []struct {
+		name     string
+		set      []string
+		want     lintWant
+		runbooks string
+	}{
+		{"defaults", nil, committedWant, rules.DefaultRunbookBaseURL},
+		{"scrape.job and rules", []string{"scrape.job=zw-scrape", "rules.clusterLabel=k8s_cluster", "rules.runbookBaseURL=https://runbooks.example.com/zw.md"},
+			lintWant{true, "k8s_cluster", "zw-scrape"}, "https://runbooks.example.com/zw.md"},
+		{"dashboards.variables first", []string{"scrape.job=zw-scrape", "dashboards.variables.scrapeJob=monitoring/zonewatch",
+			"rules.clusterLabel=k8s_cluster", "dashboards.variables.clusterLabel=region_cluster"},
+			lintWant{true, "region_cluster", "monitoring/zonewatch"}, rules.DefaultRunbookBaseURL},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			args := []string{"template", "zw", chart}
+			for _, s := range tc.set {
+				args = append(args, "--set", s)
+			}
+			rendered := renderedDashboards(t, runHelm(t, helm, args...))
+			if len(rendered) != 3 {
+				t.Fatalf("rendered %d dashboards, want 3", len(rendered))
+			}
+			for uid, js := range rendered {
+				t.Run(uid, func(t *testing.T) {
+					lintDashboardJSON(t, js, tc.want)
+					_, problems := runbookLinkProblems(js, tc.runbooks, anchors)
+					for _, p := range problems {
+						t.Error(p)
+					}
+					qs, err := Queries(js, map[string]string{"namespace": "ml", "job_name": "llama"})
+					if err != nil {
+						t.Fatal(err)
+					}
+					all := exprs(qs)
+					if uid == UIDOverview && !strings.Contains(all, fmt.Sprintf("job=%q", tc.want.scrapeJob)) {
+						t.Errorf("no query selects the scrape job %q:\n%s", tc.want.scrapeJob, all)
+					}
+					if !strings.Contains(all, tc.want.clusterLabel+`=~".*"`) {
+						t.Errorf("no query matches the cluster label %s at All:\n%s", tc.want.clusterLabel, all)
+					}
+				})
+			}
+		})
+	}
+	cmd := exec.Command(helm, "template", "zw", chart, "--set", "dashboards.variables.clusterLabel=cluster\\=x")
+	cmd.Env = append(os.Environ(), "HELM_CACHE_HOME="+t.TempDir(), "HELM_CONFIG_HOME="+t.TempDir(), "HELM_DATA_HOME="+t.TempDir())
+	if out, err := cmd.CombinedOutput(); err == nil || !strings.Contains(string(out), "is not a label name") {
+		t.Errorf("a cluster label that is no label name rendered (%v):\n%.300s", err, out)
+	}
+}
+
+// renderedDashboards reads the dashboards out of rendered ConfigMaps, by UID.
+func renderedDashboards(t *testing.T, out string) map[string][]byte {
+	t.Helper()
+	found := map[string][]byte{}
+	for _, doc := range strings.Split(out, "\n---\n") {
+		_, block, ok := strings.Cut(doc, ".json: |-\n")
+		if !strings.Contains(doc, "kind: ConfigMap") || !ok {
+			continue
+		}
+		var js strings.Builder
+		for line := range strings.Lines(block) {
+			js.WriteString(strings.TrimPrefix(line, "    "))
+		}
+		var d struct{ UID string }
+		if err := json.Unmarshal([]byte(js.String()), &d); err != nil {
+			t.Fatalf("ConfigMap data is not JSON: %v", err)
+		}
+		found[d.UID] = []byte(js.String())
+	}
+	return found
 }
 
 func exprs(qs []Query) string {

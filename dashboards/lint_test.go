@@ -22,6 +22,7 @@ const (
 	rateIntervalSentinel = 4321 * time.Second
 	rangeSentinel        = 8765 * time.Second
 	clusterSentinel      = "lint-cluster"
+	scrapeJobSentinel    = "lint-scrape-job"
 )
 
 var lintVars = map[string]string{
@@ -32,6 +33,7 @@ var lintVars = map[string]string{
 	"namespace":       "lint-ns",
 	"job_name":        "lint-job",
 	"cluster":         clusterSentinel,
+	"scrape_job":      scrapeJobSentinel,
 }
 
 // The panel plugins hack/schema-check/dashboard-types.ts checks options for.
@@ -67,6 +69,11 @@ type lintPanel struct {
 			} `json:"properties"`
 		} `json:"overrides"`
 	} `json:"fieldConfig"`
+	Links []struct {
+		Title string `json:"title"`
+		Type  string `json:"type"`
+		URL   string `json:"url"`
+	} `json:"links"`
 	Panels []lintPanel `json:"panels"`
 }
 
@@ -86,6 +93,9 @@ type lintDashboard struct {
 			Query      any      `json:"query"`
 			Datasource *lintRef `json:"datasource"`
 			Hide       int      `json:"hide"`
+			Current    *struct {
+				Value any `json:"value"`
+			} `json:"current"`
 		} `json:"list"`
 	} `json:"templating"`
 }
@@ -100,31 +110,57 @@ func allPanels(ps []lintPanel) []lintPanel {
 	return out
 }
 
+// lintCase is a generator variant and what its dashboards must show.
+type lintCase struct {
+	dashboards []Dashboard
+	want       lintWant
+}
+
+// lintWant is what the options ask of every dashboard: the cluster
+// variable shown or hidden, the label the cluster matcher uses, the scrape
+// job variable's default.
+type lintWant struct {
+	clusterShown bool
+	clusterLabel string
+	scrapeJob    string
+}
+
+// committedWant is what the committed dashboards (DefaultOptions) show.
+var committedWant = lintWant{clusterLabel: defaultClusterLabel, scrapeJob: "zonewatch"}
+
 // lintCases are the generator variants every lint runs on: the committed
-// dashboards and the cluster-aware variant.
-func lintCases(t *testing.T) map[string][]Dashboard {
+// dashboards and cluster-aware variants (the conventional label name and
+// another, with another scrape job).
+func lintCases(t *testing.T) map[string]lintCase {
 	t.Helper()
-	cases := map[string][]Dashboard{}
-	committed, err := Generate(DefaultOptions())
-	if err != nil {
-		t.Fatal(err)
+	cases := map[string]lintCase{}
+	for name, c := range map[string]struct {
+		clusterLabel, scrapeJob string
+		want                    lintWant
+	}{
+		"default":     {"", "", committedWant},
+		"cluster":     {"cluster", "", lintWant{true, "cluster", "zonewatch"}},
+		"k8s_cluster": {"k8s_cluster", "monitoring/zonewatch", lintWant{true, "k8s_cluster", "monitoring/zonewatch"}},
+	} {
+		o := DefaultOptions()
+		o.ClusterLabel = c.clusterLabel
+		if c.scrapeJob != "" {
+			o.ScrapeJob = c.scrapeJob
+		}
+		ds, err := Generate(o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cases[name] = lintCase{ds, c.want}
 	}
-	cases["default"] = committed
-	o := DefaultOptions()
-	o.ClusterLabel = "cluster"
-	withCluster, err := Generate(o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cases["cluster"] = withCluster
 	return cases
 }
 
 func TestLintDashboards(t *testing.T) {
-	for variant, ds := range lintCases(t) {
-		for _, d := range ds {
+	for variant, c := range lintCases(t) {
+		for _, d := range c.dashboards {
 			t.Run(variant+"/"+d.Name, func(t *testing.T) {
-				lintDashboardJSON(t, d.JSON, variant == "cluster")
+				lintDashboardJSON(t, d.JSON, c.want)
 			})
 		}
 	}
@@ -143,12 +179,12 @@ func TestLintCommittedJSON(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			lintDashboardJSON(t, b, false)
+			lintDashboardJSON(t, b, committedWant)
 		})
 	}
 }
 
-func lintDashboardJSON(t *testing.T, b []byte, clusterVar bool) {
+func lintDashboardJSON(t *testing.T, b []byte, want lintWant) {
 	var d lintDashboard
 	if err := json.Unmarshal(b, &d); err != nil {
 		t.Fatalf("decoding: %v", err)
@@ -164,9 +200,12 @@ func lintDashboardJSON(t *testing.T, b []byte, clusterVar bool) {
 	}
 
 	// Variables: exactly one data source variable, every query variable
-	// on it, the cluster variable only when asked for.
+	// on it; the scrape job and cluster variables with their defaults, the
+	// cluster one shown only when a cluster label is configured.
 	defined := map[string]bool{} // variables a test must give values for
 	datasources := 0
+	var clusterHide, scrapeJob any = "absent", "absent"
+	clusterLabel := ""
 	for _, v := range d.Templating.List {
 		defined[v.Name] = v.Type != "constant" // Queries reads constants from the JSON
 		switch v.Type {
@@ -177,8 +216,23 @@ func lintDashboardJSON(t *testing.T, b []byte, clusterVar bool) {
 			}
 		case "query":
 			checkRef(t, "variable "+v.Name, v.Datasource)
+			switch v.Name {
+			case "cluster":
+				clusterHide = v.Hide
+			case varScrapeJob:
+				if v.Current != nil {
+					scrapeJob = v.Current.Value
+				}
+			}
 		case "constant":
 			s, _ := v.Query.(string)
+			if v.Name == varClusterLabel {
+				clusterLabel = s
+				if !labelNameRE.MatchString(s) || v.Hide != 2 {
+					t.Errorf("constant %q = %v (hide %d): want a hidden label name", v.Name, v.Query, v.Hide)
+				}
+				continue
+			}
 			if _, err := strconv.ParseFloat(s, 64); err != nil || v.Hide != 2 {
 				t.Errorf("constant %q = %v (hide %d): want a hidden number", v.Name, v.Query, v.Hide)
 			}
@@ -189,8 +243,14 @@ func lintDashboardJSON(t *testing.T, b []byte, clusterVar bool) {
 	if datasources != 1 {
 		t.Errorf("%d datasource variables, want exactly 1", datasources)
 	}
-	if defined["cluster"] != clusterVar {
-		t.Errorf("cluster variable present = %v, want %v", defined["cluster"], clusterVar)
+	if wantHide := map[bool]int{true: 0, false: 2}[want.clusterShown]; clusterHide != wantHide {
+		t.Errorf("cluster variable hide = %v, want %d (shown: %v)", clusterHide, wantHide, want.clusterShown)
+	}
+	if clusterLabel != want.clusterLabel {
+		t.Errorf("constant %s = %q, want %q", varClusterLabel, clusterLabel, want.clusterLabel)
+	}
+	if scrapeJob != want.scrapeJob {
+		t.Errorf("variable %s defaults to %v, want %q", varScrapeJob, scrapeJob, want.scrapeJob)
 	}
 
 	// Panels: identity, text, units, data source, layout.
@@ -287,7 +347,12 @@ func lintDashboardJSON(t *testing.T, b []byte, clusterVar bool) {
 			t.Errorf("%s: %v\n  query: %s", where, err, q.Expr)
 			continue
 		}
-		for _, problem := range lintExpr(expr, clusterVar && !(q.Kind == KindVariable && q.Title == "cluster")) {
+		// The variables that pick the cluster cannot depend on it.
+		cl := clusterLabel
+		if q.Kind == KindVariable && (q.Title == "cluster" || q.Title == varScrapeJob) {
+			cl = ""
+		}
+		for _, problem := range lintExpr(expr, cl) {
 			t.Errorf("%s: %s\n  query: %s", where, problem, q.Raw)
 		}
 	}
@@ -302,8 +367,9 @@ func queriesWith(b []byte, vars map[string]string) ([]Query, error) {
 	return Queries(b, vars)
 }
 
-// lintExpr returns what is wrong with a parsed query.
-func lintExpr(expr parser.Expr, wantCluster bool) []string {
+// lintExpr returns what is wrong with a parsed query. clusterLabel is the
+// label every selector must match on $cluster ("" for none).
+func lintExpr(expr parser.Expr, clusterLabel string) []string {
 	var problems []string
 	parser.Inspect(expr, func(node parser.Node, path []parser.Node) error {
 		switch n := node.(type) {
@@ -314,8 +380,15 @@ func lintExpr(expr parser.Expr, wantCluster bool) []string {
 		case *parser.VectorSelector:
 			// The rule pack's price series are one per locality for every
 			// cluster: they carry no cluster label.
-			if wantCluster && n.Name != "" && n.Name != rules.RecTransferPrice && !hasMatcher(n.LabelMatchers, "cluster", labels.MatchRegexp, clusterSentinel) {
-				problems = append(problems, fmt.Sprintf("%s lacks the cluster=~\"$cluster\" matcher", n.Name))
+			if clusterLabel != "" && n.Name != "" && n.Name != rules.RecTransferPrice && !hasMatcher(n.LabelMatchers, clusterLabel, labels.MatchRegexp, clusterSentinel) {
+				problems = append(problems, fmt.Sprintf("%s lacks the %s=~\"$cluster\" matcher", n.Name, clusterLabel))
+			}
+			// The exporters' job label is the scrape_job variable, never
+			// written into a query.
+			for _, m := range n.LabelMatchers {
+				if m.Name == "job" && !(m.Type == labels.MatchEqual && m.Value == scrapeJobSentinel) {
+					problems = append(problems, fmt.Sprintf("%s selects %s: want job=\"$%s\"", n.Name, m, varScrapeJob))
+				}
 			}
 			if strings.HasSuffix(n.Name, "_total") {
 				if msg := counterUse(n.Name, ancestors(path)); msg != "" {
@@ -396,24 +469,27 @@ func contains(xs []string, x string) bool {
 func TestLintCatchesMistakes(t *testing.T) {
 	p := parser.NewParser(parser.Options{})
 	for _, tc := range []struct {
-		expr        string
-		wantCluster bool
-		want        string
+		expr         string
+		clusterLabel string
+		want         string
 	}{
-		{`zonewatch_job_policy_drops_total`, false, "counter"},
-		{`sum(zonewatch_job_policy_drops_total)`, false, "counter"},
-		{`rate(zonewatch_job_policy_drops_total[5m])`, false, "counter"},
-		{`increase(zonewatch_job_network_bytes_total[1h])`, false, "counter"},
-		{`irate(zonewatch_job_policy_drops_total[4321s])`, false, "irate"},
-		{`delta(zonewatch_job_policy_drops_total[4321s])`, false, "counter"},
-		{`rate(zonewatch_job_policy_drops_total[8765s])`, false, "counter"},
-		{`zonewatch_job_zones{namespace="x"}`, true, "cluster"},
+		{`zonewatch_job_policy_drops_total`, "", "counter"},
+		{`sum(zonewatch_job_policy_drops_total)`, "", "counter"},
+		{`rate(zonewatch_job_policy_drops_total[5m])`, "", "counter"},
+		{`increase(zonewatch_job_network_bytes_total[1h])`, "", "counter"},
+		{`irate(zonewatch_job_policy_drops_total[4321s])`, "", "irate"},
+		{`delta(zonewatch_job_policy_drops_total[4321s])`, "", "counter"},
+		{`rate(zonewatch_job_policy_drops_total[8765s])`, "", "counter"},
+		{`zonewatch_job_zones{namespace="x"}`, "cluster", "cluster"},
+		{`zonewatch_job_zones{cluster=~"lint-cluster"}`, "k8s_cluster", "k8s_cluster"},
+		{`up{job="zonewatch"}`, "", "scrape_job"},
+		{`up{job=~"lint-scrape-job"}`, "", "scrape_job"},
 	} {
 		expr, err := p.ParseExpr(tc.expr)
 		if err != nil {
 			t.Fatalf("%s: %v", tc.expr, err)
 		}
-		problems := strings.Join(lintExpr(expr, tc.wantCluster), "; ")
+		problems := strings.Join(lintExpr(expr, tc.clusterLabel), "; ")
 		if !strings.Contains(problems, tc.want) {
 			t.Errorf("%s: lint said %q, want a %q problem", tc.expr, problems, tc.want)
 		}
@@ -427,7 +503,7 @@ func TestLintCatchesMistakes(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: %v", ok, err)
 		}
-		if problems := lintExpr(expr, false); len(problems) > 0 {
+		if problems := lintExpr(expr, ""); len(problems) > 0 {
 			t.Errorf("%s: unexpected problems %v", ok, problems)
 		}
 	}

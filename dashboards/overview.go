@@ -3,10 +3,13 @@ package dashboards
 import (
 	"fmt"
 
+	"github.com/grafana/grafana-foundation-sdk/go/cog"
 	"github.com/grafana/grafana-foundation-sdk/go/common"
 	"github.com/grafana/grafana-foundation-sdk/go/dashboard"
 	"github.com/grafana/grafana-foundation-sdk/go/table"
 	"github.com/grafana/grafana-foundation-sdk/go/units"
+
+	"github.com/zonewatch/zonewatch/rules"
 )
 
 // overview is the NOC wall: which jobs are split, which page, what it costs,
@@ -31,15 +34,17 @@ func overview(o Options) (dashboard.Dashboard, error) {
 	// Row 1: the numbers a NOC reads first.
 	b.WithRow(g.row("Now")).
 		WithPanel(g.stat("Split GPU jobs",
-			"Training jobs whose pods run in more than one zone right now. Above zero: find the job in the table below, open its drill-down, and pin the job to one zone (podAffinity on topology.kubernetes.io/zone).",
+			"Training jobs whose pods run in more than one zone right now. Above zero: find the job in the table below, open its drill-down, and pin the job to one zone (podAffinity on topology.kubernetes.io/zone; runbook: Keep a training job in one zone).",
 			units.NoUnit,
 			instantQ("sum("+split+")", "")).
+			Links(g.runbookLinks(runbookOneZone)).
 			NoValue("no jobs").
 			Thresholds(thresholds(base("green"), at(1, "orange")))).
 		WithPanel(g.stat("Jobs paging now",
-			"Split jobs with GPUs idle while policy drops block their cross-zone traffic (alert "+AlertIdleGPUSplitJob+", firing). Each one burns GPU-hours for nothing: follow its runbook, starting from the table below.",
+			"Split jobs with GPUs idle while policy drops block their cross-zone traffic (alert "+AlertIdleGPUSplitJob+", firing). Each one burns GPU-hours for nothing: follow its runbook (linked), starting from the table below.",
 			units.NoUnit,
 			instantQ("count("+alerts+") or vector(0)", "")).
+			Links(g.runbookLinks(alertRunbook(AlertIdleGPUSplitJob))).
 			Thresholds(thresholds(base("green"), at(1, "red")))).
 		WithPanel(g.stat("Idle GPUs in split jobs",
 			"GPUs of split jobs with utilization below ${idle_gpu_utilization} (rules config). They are billed and do nothing: check the job's policy drops and its coordinator's zone.",
@@ -68,21 +73,52 @@ func overview(o Options) (dashboard.Dashboard, error) {
 			NoValue("no jobs").
 			Thresholds(thresholds(base("blue"))))
 
-	// Row 2: the split jobs, worst first, each linked to its drill-down.
+	// Row 2: what zonewatch's alerts say now, by severity.
+	firingSel := func(extra ...string) string {
+		return g.m("ALERTS", append([]string{`alertstate="firing"`, alertNames}, extra...)...)
+	}
+	b.WithRow(g.row("Firing alerts"))
+	for _, sev := range []struct{ name, color, does string }{
+		{"critical", "red", "page: a split job's GPUs sit idle behind a policy drop"},
+		{"warning", "orange", "want a look today: a job slowed or blocked across zones, a source down on a node"},
+		{"info", "blue", "open a ticket: cross-zone cost over budget, split placement, lost Hubble events"},
+	} {
+		b.WithPanel(g.stat(fmt.Sprintf("Firing %s alerts", sev.name),
+			fmt.Sprintf("zonewatch alerts of severity %s firing now (Prometheus' ALERTS series). They %s. Each alert's runbook section is named after it.", sev.name, sev.does),
+			units.NoUnit,
+			instantQ("count("+firingSel(fmt.Sprintf("severity=%q", sev.name))+") or vector(0)", "")).
+			Links(g.runbookLinks(runbookAll)).
+			Thresholds(thresholds(base("green"), at(1, sev.color))).
+			Height(8))
+	}
+	b.WithPanel(g.orderedTable("Firing zonewatch alerts",
+		"Every zonewatch alert firing now with what it names (job, node, source) and since when it has been active, critical first. Open the runbook section named after the alert (Runbook link); job alerts lead to the job's drill-down, node alerts to the sources table below.",
+		[]string{"severity", "alertname", "namespace", "job_name", "node", "source", "instance"},
+		column{"Active since", units.DateTimeFromNow, "max by (alertname, severity, namespace, job_name, node, source, instance, ${" + varClusterLabel + "}) (\n" +
+			g.m("ALERTS_FOR_STATE", alertNames) + " and ignoring (alertstate) " + firingSel() + "\n) * 1000"},
+	).
+		SortBy([]cog.Builder[common.TableSortByFieldState]{common.NewTableSortByFieldStateBuilder().DisplayName("severity")}).
+		Links(g.runbookLinks(runbookAll)).
+		NoValue("nothing fires").
+		Height(8).
+		Span(12))
+
+	// Row 3: the split jobs, worst first, each linked to its drill-down.
 	firing := "and " + onJob + " " + alerts
 	b.WithRow(g.row("Split jobs")).
 		WithPanel(g.jobLink(g.table("Paging now: idle-GPU split jobs",
-			"Jobs for which "+AlertIdleGPUSplitJob+" fires: split, blocked by a zone-boundary policy, GPUs idle. Click the job name for its drill-down (zones, denying policy), then follow the alert's runbook.",
+			"Jobs for which "+AlertIdleGPUSplitJob+" fires: split, blocked by a zone-boundary policy, GPUs idle. Click the job name for its drill-down (zones, denying policy), then follow the alert's runbook (linked).",
 			column{"Pending since", units.DateTimeFromNow, "max by (namespace, job_name) (" + g.m("ALERTS_FOR_STATE", fmt.Sprintf("alertname=%q", AlertIdleGPUSplitJob), nsAny) + " * 1000 " + firing + ")"},
 			column{"GPUs", units.NoUnit, "max by (namespace, job_name) (" + g.m(ruleGPUs, nsAny) + " " + firing + ")"},
 			column{"Idle GPU $/hour", units.Dollars, "max by (namespace, job_name) (" + g.m(ruleIdleGPUCost, nsAny) + " " + firing + ")"},
 			column{"Cross-zone drops/s", units.EventsPerSecond, "sum by (namespace, job_name) (" + g.m(ruleDrops, nsAny, crossZone) + " " + firing + ")"},
 		).
 			SortBy(sortDesc("Idle GPU $/hour")).
+			Links(g.runbookLinks(alertRunbook(AlertIdleGPUSplitJob))).
 			NoValue("nothing pages").
 			Height(6))).
 		WithPanel(g.jobLink(g.table("Split jobs now",
-			"Every job split across zones, most expensive idle GPUs first. Click a job name for its drill-down. Paging = the idle-GPU alert fires; low SM activity with cross-zone traffic = slowed by inter-zone latency.",
+			"Every job split across zones, most expensive idle GPUs first. Click a job name for its drill-down. Paging = the idle-GPU alert fires; low SM activity with cross-zone traffic = slowed by inter-zone latency. Runbooks: the two alerts, and Keep a training job in one zone.",
 			column{"Zones", units.NoUnit, inSplit(g.m(ruleZones, nsAny))},
 			column{"GPUs", units.NoUnit, inSplit(g.m(ruleGPUs, nsAny))},
 			column{"GPU utilization", units.PercentUnit, inSplit(g.m(ruleGPUUtil, nsAny))},
@@ -96,6 +132,7 @@ func overview(o Options) (dashboard.Dashboard, error) {
 		).
 			SortBy(sortDesc("Idle GPU $/hour")).
 			OverrideByName("Paging", []dashboard.DynamicConfigValue{{Id: "mappings", Value: valueText("1", "PAGING", "red")}}).
+			Links(g.runbookLinks(alertRunbook(AlertIdleGPUSplitJob), alertRunbook(rules.AlertCrossZoneSlowdown), runbookOneZone)).
 			NoValue("no split jobs"))).
 		WithPanel(g.timeseries("Split jobs over time",
 			"Split jobs against all jobs. A step up means the scheduler just split a job: correlate with deployments and node pool changes; a plateau means nobody fixed placement.",
@@ -107,7 +144,7 @@ func overview(o Options) (dashboard.Dashboard, error) {
 			units.Dollars,
 			rangeQ("sum by (namespace) ("+g.m(ruleIdleGPUCost, nsAny)+")", "{{namespace}}")))
 
-	// Row 3: traffic that crosses zones.
+	// Row 4: traffic that crosses zones.
 	b.WithRow(g.row("Across zones")).
 		WithPanel(g.timeseries("Policy drops across zones by namespace",
 			"Packets dropped by network policy between zones (or regions), per namespace. Drops between a job's own pods mean a zone-boundary policy blocks it: co-locate the job or allow the traffic.",
@@ -126,7 +163,7 @@ func overview(o Options) (dashboard.Dashboard, error) {
 			Span(8)).
 		WithPanel(g.rttMatrix())
 
-	// Row 4: can zonewatch see? A blind exporter reads as "all green".
+	// Row 5: can zonewatch see? A blind exporter reads as "all green".
 	b.WithRow(g.row("zonewatch health")).
 		WithPanel(g.stat("Exporters up",
 			"zonewatch exporter pods Prometheus scrapes successfully (one per node). Fewer than your GPU nodes: check the DaemonSet and the PodMonitor.",
@@ -135,16 +172,18 @@ func overview(o Options) (dashboard.Dashboard, error) {
 			NoValue("none scraped").
 			Thresholds(thresholds(base("red"), at(1, "green")))).
 		WithPanel(g.stat("Exporters down",
-			"Exporter pods Prometheus fails to scrape. Nodes behind them are invisible: their split jobs will not page. Check the pod's logs and restarts.",
+			"Exporter pods Prometheus fails to scrape. Nodes behind them are invisible: their split jobs will not page. Check the pod's logs and restarts (runbook: ZonewatchExporterDown).",
 			units.NoUnit,
 			instantQ(orZero("count("+up+" == 0)", up), "")).
+			Links(g.runbookLinks(alertRunbook(rules.AlertExporterDown))).
 			Thresholds(thresholds(base("green"), at(1, "red")))).
 		WithPanel(g.stat("Sources down (exporters)",
-			"How many exporters report each source down. hubble: no drops or flows (check the Hubble socket or Relay); conntrack: no byte counts (enable bpf.ctAccounting); gpu / podresources: no GPU utilization or GPU-to-pod mapping (check DCGM and the kubelet socket); kubernetes: no placement.",
+			"How many exporters report each source down. hubble: no drops or flows (check the Hubble socket or Relay); conntrack: no byte counts (enable bpf.ctAccounting); gpu / podresources: no GPU utilization or GPU-to-pod mapping (check DCGM and the kubelet socket); kubernetes: no placement. The table below names the nodes; the runbooks of the source alerts say how to restore each.",
 			units.NoUnit,
 			instantQ("sum by (source) (1 - "+g.self("zonewatch_source_up")+")", "{{source}}")).
 			TextMode(common.BigValueTextModeValueAndName).
 			Thresholds(thresholds(base("green"), at(1, "red"))).
+			Links(g.runbookLinks(runbookSources...)).
 			Span(8)).
 		WithPanel(g.stat("Exporter versions",
 			"Exporters per running version. More than one during a rollout is expected; afterwards, find the stragglers.",
@@ -153,10 +192,17 @@ func overview(o Options) (dashboard.Dashboard, error) {
 			TextMode(common.BigValueTextModeValueAndName).
 			ColorMode(common.BigValueColorModeNone).
 			Span(8)).
+		WithPanel(g.sourceGaps("Sources down by node",
+			"Each exporter's sources (and its scrape, source scrape) that were down at some time in the selected range, by the node it runs on: is one down now, and what share of the range was it up. The node comes from the training job pods the exporter places; exporters without any (or one exporter for every node, in Relay mode) show their instance only. While a source is down on a node, the jobs there read as healthy: restore it as the source alerts' runbooks say.",
+			"group by (instance, node, ${"+varClusterLabel+"}) ("+g.self(metricPodInfo)+")", true).
+			Links(g.runbookLinks(runbookSources...)).
+			NoValue("every source up on every exporter over the range").
+			Height(8)).
 		WithPanel(g.timeseries("Hubble lost events",
-			"Flow events Hubble dropped before zonewatch read them, by where they were lost. Any loss undercounts drops and flows: raise the Hubble buffer or lower monitor aggregation.",
+			"Flow events Hubble dropped before zonewatch read them, by where they were lost. Any loss undercounts drops and flows: raise the Hubble buffer or lower monitor aggregation (runbook: ZonewatchHubbleLostEvents).",
 			units.EventsPerSecond,
 			rangeQ("sum by (buffer) (rate("+g.self("zonewatch_hubble_lost_events_total")+"[$__rate_interval]))", "{{buffer}}")).
+			Links(g.runbookLinks(alertRunbook(rules.AlertHubbleLostEvents))).
 			Span(8)).
 		WithPanel(g.timeseries("Hubble flows processed and unresolved",
 			"Flows zonewatch classified, and flows whose source or destination it could not map to a pod and zone. Many unresolved flows: the topology index lags (check the kubernetes source).",
@@ -165,9 +211,10 @@ func overview(o Options) (dashboard.Dashboard, error) {
 			rangeQ("sum by (side) (rate("+g.self("zonewatch_hubble_flows_unresolved_total")+"[$__rate_interval]))", "unresolved {{side}}")).
 			Span(8)).
 		WithPanel(g.timeseries("Hubble reconnects",
-			"Reconnects to Hubble per minute, worst exporters. Steady reconnects mean a flapping Cilium agent or Relay: check its logs.",
+			"Reconnects to Hubble per minute, worst exporters. Steady reconnects mean a flapping Cilium agent or Relay: check its logs (runbook: ZonewatchHubbleDisconnected).",
 			units.CountsPerMinute,
 			rangeQ("topk(10, sum by (instance) (rate("+g.self("zonewatch_hubble_reconnects_total")+"[$__rate_interval])) * 60)", "{{instance}}")).
+			Links(g.runbookLinks(alertRunbook(rules.AlertHubbleDisconnected))).
 			Span(8)).
 		WithPanel(g.timeseries("Collector scrape duration (slowest exporter)",
 			"Time each collector takes per scrape, worst exporter. Approaching the scrape timeout loses whole scrapes: look for a slow GPU source or a huge cluster index.",
@@ -188,16 +235,14 @@ func overview(o Options) (dashboard.Dashboard, error) {
 // inbound drops); "not measured": zonewatch is scraped but no probe RTT
 // (probing off, or every probe failing).
 func (g *gen) rttMatrix() *table.PanelBuilder {
-	pair := "src_zone, dst_zone"
-	if g.o.ClusterLabel != "" {
-		pair += ", " + g.o.ClusterLabel
-	}
+	pair := "src_zone, dst_zone, ${" + varClusterLabel + "}"
 	matrix := "-1 * group by (" + pair + ") (" + g.m(ruleProbeFailures, `reason="policy_denied"`) + " > 0)\nor on (" + pair + ") " + g.m(ruleZonePairRTT, `quantile="0.5"`)
 	return table.NewPanelBuilder().
 		Id(g.nextID()).
 		Title("Round trip between zones (probe p50)").
 		Description("Median round trip of a 16-byte probe between exporters, rows the source zone, columns the destination; the diagonal is the in-zone baseline. Every NCCL all-reduce of a split job pays its pair's value: a pair far above the diagonal is where splitting hurts most. Denied by policy: a network policy drops the pair's probes, on the prober's node or the peer's (a zone fence also fences zonewatch: docs/runbooks.md, zonewatch's own traffic). Not measured: probing is off or every probe fails (see zonewatch_probe_failures_total).").
 		Datasource(dsRef()).
+		Links(g.runbookLinks(runbookOwnTraffic)).
 		Targets(targets([]query{instantQ(orZero(matrix, g.self("up")), "")})).
 		Unit(units.Seconds).
 		Decimals(2).

@@ -16,6 +16,8 @@ import (
 	"github.com/grafana/grafana-foundation-sdk/go/text"
 	"github.com/grafana/grafana-foundation-sdk/go/timeseries"
 	"github.com/grafana/grafana-foundation-sdk/go/units"
+
+	"github.com/zonewatch/zonewatch/rules"
 )
 
 // gen carries the options and the panel ID counter of one dashboard.
@@ -36,23 +38,18 @@ func dsRef() common.DataSourceRef {
 	return common.DataSourceRef{Type: cog.ToPtr("prometheus"), Uid: cog.ToPtr("${datasource}")}
 }
 
-// m writes a selector for metric with the cluster matcher (when enabled)
-// ahead of the given matchers.
+// m writes a selector for metric with the cluster matcher ahead of the
+// given matchers. The label name is the hidden cluster_label constant, so
+// the chart sets it without regenerating; with the cluster variable at All
+// (.*) the matcher also selects series that lack the label.
 func (g *gen) m(metric string, matchers ...string) string {
-	var ms []string
-	if g.o.ClusterLabel != "" {
-		ms = append(ms, g.o.ClusterLabel+`=~"$cluster"`)
-	}
-	ms = append(ms, matchers...)
-	if len(ms) == 0 {
-		return metric
-	}
-	return metric + "{" + strings.Join(ms, ", ") + "}"
+	return metric + "{" + strings.Join(append([]string{clusterMatcher}, matchers...), ", ") + "}"
 }
 
-// self selects an exporter self-metric by its scrape job.
+// self selects an exporter self-metric by its scrape job, the scrape_job
+// variable.
 func (g *gen) self(metric string, matchers ...string) string {
-	return g.m(metric, append([]string{fmt.Sprintf("job=%q", g.o.ScrapeJob)}, matchers...)...)
+	return g.m(metric, append([]string{scrapeJobMatcher}, matchers...)...)
 }
 
 // orZero returns expr, or 0 when expr is empty but presence has series: an
@@ -73,6 +70,9 @@ const (
 	nsOne     = `namespace="$namespace"`
 	jobOne    = `job_name="$job_name"`
 	crossZone = `locality=~"cross_zone|cross_region"`
+
+	clusterMatcher   = `${` + varClusterLabel + `}=~"$cluster"`
+	scrapeJobMatcher = `job="$` + varScrapeJob + `"`
 )
 
 // query is one panel target. Instant queries are sent as tables, the shape
@@ -242,10 +242,7 @@ func sortDesc(header string) []cog.Builder[common.TableSortByFieldState] {
 // jobLink makes a table's job_name column open the job drill-down for that
 // row, keeping the time range and data source.
 func (g *gen) jobLink(tb *table.PanelBuilder) *table.PanelBuilder {
-	url := "/d/" + UIDJob + "?${datasource:queryparam}"
-	if g.o.ClusterLabel != "" {
-		url += "&${cluster:queryparam}"
-	}
+	url := "/d/" + UIDJob + "?${datasource:queryparam}&${" + varScrapeJob + ":queryparam}&${cluster:queryparam}"
 	url += "&var-namespace=${__data.fields.namespace}&var-job_name=${__data.fields.job_name}&${__url_time_range}"
 	return tb.OverrideByName("job_name", []dashboard.DynamicConfigValue{{
 		Id:    "links",
@@ -298,11 +295,34 @@ func datasourceVar() *dashboard.DatasourceVariableBuilder {
 		Type("prometheus")
 }
 
+// scrapeJobVar picks the exporters' Prometheus job label; its default is
+// the generator's ScrapeJob (the chart's dashboards.variables.scrapeJob, else
+// scrape.job).
+func (g *gen) scrapeJobVar() *dashboard.QueryVariableBuilder {
+	return g.queryVar(varScrapeJob, "Prometheus job",
+		"The Prometheus job label of the zonewatch exporters' series (the chart's scrape.job).",
+		"label_values(zonewatch_build_info, job)", false).
+		Current(option(g.o.ScrapeJob, g.o.ScrapeJob))
+}
+
+// clusterVar picks clusters by the cluster_label constant. Hidden at All
+// unless the generator (or the chart) names a cluster label: without one
+// the matcher ${cluster_label}=~".*" selects every series.
 func (g *gen) clusterVar() *dashboard.QueryVariableBuilder {
-	q := fmt.Sprintf("label_values(%s, %s)", g.self("zonewatch_build_info"), g.o.ClusterLabel)
-	// The cluster selector cannot reference itself.
-	q = strings.Replace(q, g.o.ClusterLabel+`=~"$cluster", `, "", 1)
-	return g.queryVar("cluster", "Cluster", "Cluster whose exporters to show.", q, true)
+	q := fmt.Sprintf("label_values(%s, ${%s})", "zonewatch_build_info{"+scrapeJobMatcher+"}", varClusterLabel)
+	v := g.queryVar("cluster", "Cluster", "Cluster whose exporters to show (its label is the hidden cluster_label constant).", q, true).
+		Current(option("All", "$__all"))
+	if g.o.ClusterLabel == "" {
+		v.Hide(dashboard.VariableHideHideVariable)
+	}
+	return v
+}
+
+func option(text, value string) dashboard.VariableOption {
+	return dashboard.VariableOption{
+		Text:  dashboard.StringOrArrayOfString{String: cog.ToPtr(text)},
+		Value: dashboard.StringOrArrayOfString{String: cog.ToPtr(value)},
+	}
 }
 
 func (g *gen) queryVar(name, label, desc, q string, multi bool) *dashboard.QueryVariableBuilder {
@@ -327,13 +347,27 @@ const (
 	varCrossZonePrice = "cross_zone_usd_per_gb"
 	varGPUPrice       = "gpu_usd_per_hour"
 	varIdleGPU        = "idle_gpu_utilization"
+	// varClusterLabel names the label that tells clusters apart; the chart
+	// sets it from dashboards.variables.clusterLabel (else rules.clusterLabel).
+	varClusterLabel = "cluster_label"
+	// varScrapeJob is the query variable of the exporters' job label.
+	varScrapeJob = "scrape_job"
 )
 
+// defaultClusterLabel is cluster_label's value when no cluster label is
+// configured: the cluster variable is hidden at All then, so the label need
+// not exist.
+const defaultClusterLabel = "cluster"
+
 func constantVar(name, label, desc string, v float64) *dashboard.ConstantVariableBuilder {
+	return textConstant(name, label, desc, strconv.FormatFloat(v, 'g', -1, 64))
+}
+
+func textConstant(name, label, desc, v string) *dashboard.ConstantVariableBuilder {
 	return dashboard.NewConstantVariableBuilder(name).
 		Label(label).
 		Description(desc).
-		Value(dashboard.StringOrMap{String: cog.ToPtr(strconv.FormatFloat(v, 'g', -1, 64))})
+		Value(dashboard.StringOrMap{String: cog.ToPtr(v)})
 }
 
 // newDashboard sets what every zonewatch dashboard shares.
@@ -353,11 +387,19 @@ func (g *gen) newDashboard(uid, title, desc, from string) *dashboard.DashboardBu
 			AsDropdown(true).
 			IncludeVars(true).
 			KeepTime(true)).
-		WithVariable(datasourceVar())
-	if g.o.ClusterLabel != "" {
-		b.WithVariable(g.clusterVar())
-	}
+		WithVariable(datasourceVar()).
+		WithVariable(g.scrapeJobVar()).
+		WithVariable(textConstant(varClusterLabel, "Cluster label",
+			"Label that tells clusters apart; the rules config's clusterLabel (cluster when none: the cluster variable stays hidden at All).", g.clusterLabel())).
+		WithVariable(g.clusterVar())
 	return b
+}
+
+func (g *gen) clusterLabel() string {
+	if g.o.ClusterLabel == "" {
+		return defaultClusterLabel
+	}
+	return g.o.ClusterLabel
 }
 
 // build adds the hidden constants after the visible variables and builds.
@@ -371,3 +413,84 @@ func (g *gen) build(b *dashboard.DashboardBuilder) (dashboard.Dashboard, error) 
 			"Utilization ratio below which a GPU counts as idle; the rules config's idleGPUUtilization.", g.o.IdleGPUUtilization)).
 		Build()
 }
+
+// runbook is a section of docs/runbooks.md; an empty anchor is the
+// document itself.
+type runbook struct{ title, anchor string }
+
+// alertRunbook is an alert's section, anchored as its runbook_url is.
+func alertRunbook(alert string) runbook { return runbook{alert, strings.ToLower(alert)} }
+
+var (
+	runbookAll        = runbook{"zonewatch runbooks", ""}
+	runbookOneZone    = runbook{"Keep a training job in one zone", "keep-a-training-job-in-one-zone"}
+	runbookOwnTraffic = runbook{"zonewatch's own traffic", "zonewatchs-own-traffic"}
+	// The sources an operator restores: Hubble, GPU and PodResources, bytes.
+	runbookSources = []runbook{
+		alertRunbook(rules.AlertHubbleDisconnected),
+		alertRunbook(rules.AlertGPUSourceDown),
+		alertRunbook(rules.AlertByteSourceUnavailable),
+	}
+)
+
+// runbookLinks are panel links to runbook sections, at the rules'
+// runbook document (the chart rewrites the base from rules.runbookBaseURL).
+func (g *gen) runbookLinks(rs ...runbook) []cog.Builder[dashboard.DashboardLink] {
+	out := make([]cog.Builder[dashboard.DashboardLink], 0, len(rs))
+	for _, r := range rs {
+		url := g.o.RunbookBaseURL
+		if r.anchor != "" {
+			url += "#" + r.anchor
+		}
+		out = append(out, dashboard.NewDashboardLinkBuilder("Runbook: "+r.title).
+			Type(dashboard.DashboardLinkTypeLink).
+			Url(url).
+			TargetBlank(true))
+	}
+	return out
+}
+
+// sourcesUp is every source's zonewatch_source_up and the scrape itself as
+// source="scrape" (an exporter Prometheus cannot scrape reports no source),
+// each through fn over $__range, or as is when fn is "".
+func (g *gen) sourcesUp(fn string) string {
+	sel := func(metric string) string {
+		if fn == "" {
+			return g.self(metric)
+		}
+		return fn + "(" + g.self(metric) + "[$__range])"
+	}
+	return "(" + sel("zonewatch_source_up") + ` or label_replace(` + sel("up") + `, "source", "scrape", "", ""))`
+}
+
+// onNode names the node of each series of expr (per exporter and source)
+// from nodes (instance -> node, from the job pods each exporter places). An
+// exporter that places pods on several nodes (Relay mode: one exporter for
+// every node) gets no node: its series keep their instance only, as do
+// exporters nodes does not name, which stay only when keepUnnamed.
+func onNode(expr, nodes string, keepUnnamed bool) string {
+	by := "instance, ${" + varClusterLabel + "}"
+	one := nodes + " and on (" + by + ") (count by (" + by + ") (" + nodes + ") == 1)"
+	rest := expr
+	if !keepUnnamed {
+		rest = "(" + expr + " and on (" + by + ") " + nodes + ")"
+	}
+	return "(" + expr + " * on (" + by + ") group_left (node) (" + one + "))\nor on (" + by + ", source) " + rest
+}
+
+// sourceGaps is a table of the sources (and scrapes) that were down at some
+// time in the range, by node: up now and the share of the range up.
+func (g *gen) sourceGaps(title, desc, nodes string, keepUnnamed bool) *table.PanelBuilder {
+	by := "max by (node, instance, source, ${" + varClusterLabel + "}) (\n"
+	gaps := g.sourcesUp("avg_over_time") + " < 1"
+	return g.orderedTable(title, desc, []string{"node", "instance", "source"},
+		column{"Up now", units.NoUnit, by + onNode("("+g.sourcesUp("")+" and on (instance, source, ${"+varClusterLabel+"}) "+gaps+")", nodes, keepUnnamed) + "\n)"},
+		column{"Up over the range", units.PercentUnit, by + onNode("("+gaps+")", nodes, keepUnnamed) + "\n)"},
+	).
+		SortBy([]cog.Builder[common.TableSortByFieldState]{common.NewTableSortByFieldStateBuilder().DisplayName("Up over the range")}).
+		OverrideByName("Up now", []dashboard.DynamicConfigValue{{Id: "mappings", Value: valueText("0", "down", "red", "1", "up", "green")}})
+}
+
+// alertNames selects zonewatch's alerts in ALERTS: the rule pack names
+// every alert Zonewatch<Something> (rules' TestConventions).
+const alertNames = `alertname=~"Zonewatch.+"`

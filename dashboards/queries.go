@@ -33,6 +33,9 @@ type Query struct {
 	// label) becomes count by (label) (selector): it returns a series per
 	// value the variable would offer.
 	Expr string
+	// Label is the label whose values a label_values variable offers (the
+	// scrape_job variable offers job's); "" otherwise.
+	Label string
 }
 
 // BuiltinVars are values for Grafana's built-in variables that Queries uses
@@ -50,9 +53,11 @@ var BuiltinVars = map[string]string{
 // Queries returns every query of a dashboard (panel targets, including
 // panels inside collapsed rows, query variables and annotations) with
 // template variables substituted from vars, over the dashboard's constant
-// variables (the prices), over BuiltinVars. A variable
-// that is neither in vars nor built in is an error, so a test cannot
-// silently run a query with a "$namespace" left in it.
+// variables (the prices, the cluster label) and the saved defaults of its
+// other variables (what Grafana shows first: the scrape job, the hidden
+// cluster variable's All), over BuiltinVars. A variable that is neither in
+// vars, saved nor built in is an error, so a test cannot silently run a
+// query with a "$namespace" left in it.
 func Queries(dashboardJSON []byte, vars map[string]string) ([]Query, error) {
 	var d struct {
 		UID        string      `json:"uid"`
@@ -79,16 +84,11 @@ func Queries(dashboardJSON []byte, vars map[string]string) ([]Query, error) {
 		return nil, fmt.Errorf("decoding dashboard: %w", err)
 	}
 	all := maps.Clone(BuiltinVars)
-	for _, v := range d.Templating.List {
-		if v.Type != "constant" {
-			continue
-		}
-		var value string
-		if err := json.Unmarshal(v.Query, &value); err != nil {
-			return nil, fmt.Errorf("constant variable %q: query is not a string: %s", v.Name, v.Query)
-		}
-		all[v.Name] = value
+	defaults, err := Defaults(dashboardJSON)
+	if err != nil {
+		return nil, err
 	}
+	maps.Copy(all, defaults)
 	maps.Copy(all, vars)
 
 	var out []Query
@@ -100,7 +100,7 @@ func Queries(dashboardJSON []byte, vars map[string]string) ([]Query, error) {
 			return
 		}
 		if q.Kind == KindVariable {
-			if expr, err = variableExpr(expr); err != nil {
+			if expr, q.Label, err = variableExpr(expr); err != nil {
 				errs = append(errs, fmt.Errorf("variable %q: %w", q.Title, err))
 				return
 			}
@@ -149,6 +149,54 @@ func Queries(dashboardJSON []byte, vars map[string]string) ([]Query, error) {
 	return out, errors.Join(errs...)
 }
 
+// Defaults returns the values a dashboard gives its variables by itself:
+// every constant's (the prices, the cluster label) and the saved value of
+// every other variable that has one (the scrape job; the hidden cluster
+// variable's All, sent as its allValue, .* when unset), as Grafana uses
+// them when the dashboard opens.
+func Defaults(dashboardJSON []byte) (map[string]string, error) {
+	var d struct {
+		Templating struct {
+			List []struct {
+				Name     string          `json:"name"`
+				Type     string          `json:"type"`
+				Query    json.RawMessage `json:"query"`
+				AllValue string          `json:"allValue"`
+				Current  *struct {
+					Value any `json:"value"`
+				} `json:"current"`
+			} `json:"list"`
+		} `json:"templating"`
+	}
+	if err := json.Unmarshal(dashboardJSON, &d); err != nil {
+		return nil, fmt.Errorf("decoding dashboard: %w", err)
+	}
+	out := map[string]string{}
+	for _, v := range d.Templating.List {
+		if v.Type == "constant" {
+			var value string
+			if err := json.Unmarshal(v.Query, &value); err != nil {
+				return nil, fmt.Errorf("constant variable %q: query is not a string: %s", v.Name, v.Query)
+			}
+			out[v.Name] = value
+			continue
+		}
+		if v.Current == nil {
+			continue
+		}
+		switch s, _ := v.Current.Value.(string); {
+		case s == "":
+		case s == "$__all" && v.AllValue != "":
+			out[v.Name] = v.AllValue
+		case s == "$__all":
+			out[v.Name] = ".*"
+		default:
+			out[v.Name] = s
+		}
+	}
+	return out, nil
+}
+
 type jsonPanel struct {
 	ID      int    `json:"id"`
 	Title   string `json:"title"`
@@ -180,19 +228,20 @@ func variableQuery(raw json.RawMessage) (string, error) {
 var labelValuesRE = regexp.MustCompile(`^\s*label_values\(\s*(?:(.*\S)\s*,\s*)?([a-zA-Z_][a-zA-Z0-9_]*)\s*\)\s*$`)
 var queryResultRE = regexp.MustCompile(`^\s*query_result\((.*)\)\s*$`)
 
-// variableExpr turns a Grafana Prometheus variable query into PromQL.
-func variableExpr(q string) (string, error) {
+// variableExpr turns a Grafana Prometheus variable query into PromQL and
+// the label whose values it offers ("" for query_result).
+func variableExpr(q string) (string, string, error) {
 	if m := labelValuesRE.FindStringSubmatch(q); m != nil {
 		sel, label := m[1], m[2]
 		if sel == "" {
 			sel = fmt.Sprintf("{%s!=\"\"}", label)
 		}
-		return fmt.Sprintf("count by (%s) (%s)", label, sel), nil
+		return fmt.Sprintf("count by (%s) (%s)", label, sel), label, nil
 	}
 	if m := queryResultRE.FindStringSubmatch(q); m != nil {
-		return m[1], nil
+		return m[1], "", nil
 	}
-	return "", fmt.Errorf("unsupported variable query %q (want label_values or query_result)", q)
+	return "", "", fmt.Errorf("unsupported variable query %q (want label_values or query_result)", q)
 }
 
 // varRE matches Grafana's variable syntaxes: $name, ${name}, ${name:format}

@@ -154,3 +154,46 @@ func TestSubstitute(t *testing.T) {
 		t.Errorf("unknown variable: err = %v", err)
 	}
 }
+
+// TestQueriesUseSavedDefaults: the scrape job and the hidden cluster
+// variable come from the dashboard's saved values unless vars set them.
+func TestQueriesUseSavedDefaults(t *testing.T) {
+	ds, err := Generate(DefaultOptions())
+	if err != nil {
+		t.Fatal(err)
+	}
+	overview := ds[0].JSON
+	defaults, err := Defaults(overview)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k, want := range map[string]string{varScrapeJob: "zonewatch", "cluster": ".*", varClusterLabel: "cluster", varGPUPrice: "4"} {
+		if defaults[k] != want {
+			t.Errorf("default %s = %q, want %q", k, defaults[k], want)
+		}
+	}
+	if _, ok := defaults["namespace"]; ok {
+		t.Errorf("namespace has a default %q; the generator saves none", defaults["namespace"])
+	}
+	for _, tc := range []struct {
+		vars map[string]string
+		want string
+	}{
+		{map[string]string{"namespace": ".*"}, `up{cluster=~".*", job="zonewatch"}`},
+		{map[string]string{"namespace": ".*", varScrapeJob: "monitoring/zw", "cluster": "eu-1"}, `up{cluster=~"eu-1", job="monitoring/zw"}`},
+	} {
+		qs, err := Queries(overview, tc.vars)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if all := exprs(qs); !strings.Contains(all, tc.want) {
+			t.Errorf("vars %v: no query has %s:\n%s", tc.vars, tc.want, all)
+		}
+		for _, q := range qs {
+			// A test picking the variable's values reads them from this label.
+			if q.Kind == KindVariable && q.Title == varScrapeJob && q.Label != "job" {
+				t.Errorf("variable %s offers the values of %q, want job", q.Title, q.Label)
+			}
+		}
+	}
+}

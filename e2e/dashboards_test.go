@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/common/model"
 
 	"github.com/zonewatch/zonewatch/dashboards"
+	"github.com/zonewatch/zonewatch/rules"
 )
 
 // templateVar is a dashboard variable as far as choosing values goes.
@@ -115,6 +116,84 @@ func checkDashboards(t *testing.T, p *prom, snapshot, from, to time.Time) {
 	}
 }
 
+// checkHealthPanels checks what the firing-alerts, per-node source and
+// data-completeness panels say at snapshot against what the scenarios did:
+// the blocked job pages, Hubble was down on hubbleFailNode and the GPU
+// source on gpuFailNode (so the blocked job's data has a gap).
+func checkHealthPanels(t *testing.T, p *prom, snapshot time.Time) {
+	_, file, _, _ := runtime.Caller(0)
+	read := func(uid string) []byte {
+		b, err := os.ReadFile(filepath.Join(filepath.Dir(file), "..", "dashboards", "json", uid+".json"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	run := func(uid, title, ref string, vars map[string]string) model.Vector {
+		t.Helper()
+		qs, err := dashboards.Queries(read(uid), vars)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, q := range qs {
+			if q.Kind == dashboards.KindPanel && q.Title == title && q.RefID == ref {
+				v, err := p.query(q.Expr, snapshot)
+				if err != nil {
+					t.Fatalf("%s %q: %v", uid, title, err)
+				}
+				vec, _ := v.(model.Vector)
+				t.Logf("%s %q %s: %v", uid, title, ref, vec)
+				return vec
+			}
+		}
+		t.Fatalf("%s: no panel %q with query %s", uid, title, ref)
+		return nil
+	}
+	has := func(vec model.Vector, ok func(model.Sample) bool) bool {
+		for _, s := range vec {
+			if ok(*s) {
+				return true
+			}
+		}
+		return false
+	}
+	is := func(s model.Sample, kv ...string) bool {
+		for i := 0; i+1 < len(kv); i += 2 {
+			if string(s.Metric[model.LabelName(kv[i])]) != kv[i+1] {
+				return false
+			}
+		}
+		return true
+	}
+	all := map[string]string{"namespace": ".*"}
+
+	if v := run(dashboards.UIDOverview, "Firing critical alerts", "A", all); len(v) != 1 || v[0].Value < 1 {
+		t.Errorf("firing critical alerts = %v while %s pages", v, blockedJob)
+	}
+	if v := run(dashboards.UIDOverview, "Firing zonewatch alerts", "A", all); !has(v, func(s model.Sample) bool {
+		return is(s, "alertname", rules.AlertIdleGPUSplitJob, "severity", "critical", "namespace", blockedNS, "job_name", blockedJob) && s.Value > 0
+	}) {
+		t.Errorf("the firing-alerts table does not list %s for %s/%s", rules.AlertIdleGPUSplitJob, blockedNS, blockedJob)
+	}
+	gaps := run(dashboards.UIDOverview, "Sources down by node", "B", all)
+	for _, want := range [][2]string{{hubbleFailNode, "hubble"}, {gpuFailNode, "gpu"}} {
+		if !has(gaps, func(s model.Sample) bool { return is(s, "node", want[0], "source", want[1]) && s.Value < 1 }) {
+			t.Errorf("sources down by node: no %s down on %s over the range", want[1], want[0])
+		}
+	}
+	// The simulated nodes have no Cilium ipcache map, so every job's data
+	// reads incomplete here; the table tells which gap the test made.
+	job := map[string]string{"namespace": blockedNS, "job_name": blockedJob}
+	if v := run(dashboards.UIDJob, "Data complete over the range", "A", job); len(v) != 1 || v[0].Value != 0 {
+		t.Errorf("%s's data complete = %v, want 0: Hubble was down on its coordinator's node %s", blockedJob, v, hubbleFailNode)
+	}
+	if v := run(dashboards.UIDJob, "Sources down on the job's nodes", "B", job); !has(v, func(s model.Sample) bool {
+		return is(s, "node", hubbleFailNode, "source", "hubble") && s.Value < 1
+	}) {
+		t.Errorf("%s's sources down: no hubble down on %s", blockedJob, hubbleFailNode)
+	}
+}
+
 func describe(vals map[string]string) string {
 	var parts []string
 	for k, v := range vals {
@@ -162,9 +241,13 @@ func varChoices(p *prom, dash []byte, vars []templateVar, at time.Time) ([]map[s
 			return nil, err
 		}
 		var expr string
+		label := model.LabelName(v.Name)
 		for _, q := range qs {
 			if q.Kind == dashboards.KindVariable && q.Title == v.Name {
 				expr = q.Expr
+				if q.Label != "" {
+					label = model.LabelName(q.Label)
+				}
 			}
 		}
 		res, err := p.query(expr, at)
@@ -177,7 +260,7 @@ func varChoices(p *prom, dash []byte, vars []templateVar, at time.Time) ([]map[s
 		}
 		var out []map[string]string
 		for _, s := range vec {
-			set[v.Name] = string(s.Metric[model.LabelName(v.Name)])
+			set[v.Name] = string(s.Metric[label])
 			more, err := walk(i+1, set)
 			if err != nil {
 				return nil, err

@@ -296,6 +296,7 @@ func TestEndToEnd(t *testing.T) {
 
 	t.Run("dashboards", func(t *testing.T) {
 		checkDashboards(t, p, snapshot, trafficStart, time.Now())
+		t.Run("health panels", func(t *testing.T) { checkHealthPanels(t, p, snapshot) })
 	})
 	t.Logf("e2e wall time %s (traffic ran %s)", time.Since(began).Round(time.Second), time.Since(trafficStart).Round(time.Second))
 }

@@ -20,8 +20,9 @@ func main() {
 	def := dashboards.DefaultOptions()
 	opts := def
 	root := flag.String("root", ".", "repository root to write into")
-	flag.StringVar(&opts.ClusterLabel, "cluster-label", def.ClusterLabel, "label that names the cluster; non-empty adds a cluster variable and matcher")
-	flag.StringVar(&opts.ScrapeJob, "scrape-job", def.ScrapeJob, "Prometheus job label of the exporter targets")
+	flag.StringVar(&opts.ClusterLabel, "cluster-label", def.ClusterLabel, "label that names the cluster (the cluster_label constant); non-empty shows the cluster variable")
+	flag.StringVar(&opts.ScrapeJob, "scrape-job", def.ScrapeJob, "default of the scrape_job variable: the Prometheus job label of the exporter targets")
+	flag.StringVar(&opts.RunbookBaseURL, "runbook-base-url", def.RunbookBaseURL, "runbook document the panels link to (<url>#<section>); match the rules config")
 	flag.Float64Var(&opts.CrossZoneUSDPerGB, "cross-zone-usd-per-gb", def.CrossZoneUSDPerGB, "price of one GB (1e9 bytes) sent across zones; match the rules config")
 	flag.Float64Var(&opts.GPUUSDPerHour, "gpu-usd-per-hour", def.GPUUSDPerHour, "price of one GPU-hour; match the rules config")
 	flag.Float64Var(&opts.IdleGPUUtilization, "idle-gpu-utilization", def.IdleGPUUtilization, "utilization ratio below which a GPU counts as idle; match the idle alert")

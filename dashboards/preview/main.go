@@ -90,6 +90,16 @@ func run(prom, in, out string, rng, rate time.Duration, width int, chromium stri
 			}
 			vs[name] = value
 		}
+		// What the dashboard sets itself (constants, saved defaults) unless -var says otherwise.
+		defaults, err := dashboards.Defaults(b)
+		if err != nil {
+			return fmt.Errorf("%s: %w", stem, err)
+		}
+		for k, v := range defaults {
+			if _, set := vs[k]; !set {
+				vs[k] = v
+			}
+		}
 		p := &page{prom: strings.TrimRight(prom, "/"), vars: vs, now: now, rng: rng, width: width}
 		if check {
 			qs, err := dashboards.Queries(b, vs)
