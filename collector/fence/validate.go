@@ -137,9 +137,6 @@ func (pr *PortRule) sanitize(ingress, deny, host bool) error {
 	if types > 1 {
 		return errors.New("multiple L7 protocol rule types specified in a single rule")
 	}
-	if ingress && (pr.Rules.Kafka != nil || pr.Rules.L7 != nil) {
-		return errors.New("only HTTP L7 rules are supported on ingress")
-	}
 	return nil
 }
 

@@ -474,7 +474,7 @@ func TestFenceAgreesWithCilium(t *testing.T) {
 	const policies = 250
 	var compared, denied, rejected, disagree, netpols, cidrRules, undecided, refusedNamed int
 	// outside: verdicts on CIDR and FQDN identities, allowed by Cilium
-	outside, outsideAllowed := 0, 0
+	outside, outsideAllowed, rejectedNetpol := 0, 0, 0
 	set := fence.NewSet()
 	// named: fence reads a policy and names it for a generated flow.
 	named := func(own *fence.Policy) bool {
@@ -511,6 +511,9 @@ func TestFenceAgreesWithCilium(t *testing.T) {
 			// Cilium refuses it (Sanitize, its NetworkPolicy
 			// translation): fence must refuse it too.
 			rejected++
+			if i >= policies {
+				rejectedNetpol++
+			}
 			if err == nil {
 				t.Errorf("fence reads a policy Cilium refuses (%v):\n%s", ciliumErr, data)
 				if named(own) {
@@ -577,8 +580,8 @@ func TestFenceAgreesWithCilium(t *testing.T) {
 	if denied == 0 || denied == compared {
 		t.Fatalf("the generator is useless: %d of %d flows denied", denied, compared)
 	}
-	t.Logf("%d policies (%d Kubernetes NetworkPolicies; %d refused by Cilium, each refused by fence), %d flows each: %d verdicts compared, %d denied by Cilium, %d undecided (never named), %d disagreements; %d verdicts on CIDR and FQDN identities, %d of them allowed",
-		2*policies, netpols, rejected, len(probes), compared, denied, undecided, disagree, outside, outsideAllowed)
+	t.Logf("%d policies (%d Kubernetes NetworkPolicies; %d refused by Cilium, %d of them NetworkPolicies, each refused by fence), %d flows each: %d verdicts compared, %d denied by Cilium, %d undecided (never named), %d disagreements; %d verdicts on CIDR and FQDN identities, %d of them allowed",
+		2*policies, netpols, rejected, rejectedNetpol, len(probes), compared, denied, undecided, disagree, outside, outsideAllowed)
 	// cidr_rules: rules of the compared policies with a CIDR-style,
 	// entity, FQDN, node, service or requires peer (a NetworkPolicy's
 	// ipBlock); refused_named: policies Cilium refuses that fence reads
