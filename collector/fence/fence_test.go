@@ -108,6 +108,21 @@ func TestCIDRStyleEntries(t *testing.T) {
 			t.Errorf("%s: %v, want %v", c.name, got, c.want)
 		}
 	}
+	// The exporter names it by identities: a pod of another namespace and
+	// the IPv4 world on port 80; the agent's own CIDR identities it has
+	// no labels of name nothing.
+	set := NewSet()
+	set.Put(allow)
+	set.PutIdentity(1001, pod("ml-team"))
+	set.PutIdentity(1002, pod("other"))
+	for _, c := range []struct {
+		peer uint32
+		want string
+	}{{1002, "ml-team/egress"}, {IdentityWorldIPv4, "ml-team/egress"}, {1001, ""}, {IdentityKubeAPIServer, ""}, {1<<24 | 7, ""}} {
+		if got := set.Name(true, 1001, c.peer, ProtoTCP, 80); got != c.want {
+			t.Errorf("egress drop to identity %d: named %q, want %q", c.peer, got, c.want)
+		}
+	}
 }
 
 // A policy Cilium's Sanitize refuses is refused: Cilium does not enforce
