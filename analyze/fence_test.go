@@ -109,10 +109,11 @@ func TestSelectedPoliciesNeverPlusN(t *testing.T) {
 }
 
 // `kubectl get networkpolicies -A -o json`: a Kubernetes NetworkPolicy
-// that selects the chief and allows none of the workers names the drops;
-// one that allows them (a namespaceSelector and a port range), one with an
-// ipBlock (undecided), an egress-only one and one that cannot be read name
-// nothing. One file with every kind names both kinds.
+// that selects the chief and allows none of the workers names the drops,
+// and so does one that allows only an ipBlock of the pod CIDR (Cilium's
+// CIDR selectors never select a pod); one that allows them (a
+// namespaceSelector and a port range), an egress-only one and one that
+// cannot be read name nothing. One file with every kind names both kinds.
 func TestNetworkPoliciesNamed(t *testing.T) {
 	var warn bytes.Buffer
 	in := Input{Nodes: td("nodes.json"), Pods: td("allow-list-fence", "pods.json"), Flows: []string{td("allow-list-fence", "gpu-b1.jsonl")},
@@ -121,8 +122,8 @@ func TestNetworkPoliciesNamed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if j := rep.Jobs[0]; !reflect.DeepEqual(j.SelectedPolicies, []string{"ml-team/chief-netpol"}) {
-		t.Errorf("selected %v, want the NetworkPolicy chief-netpol alone", j.SelectedPolicies)
+	if j := rep.Jobs[0]; !reflect.DeepEqual(j.SelectedPolicies, []string{"ml-team/chief-netpol", "ml-team/ipblock"}) {
+		t.Errorf("selected %v, want the NetworkPolicies chief-netpol and ipblock", j.SelectedPolicies)
 	}
 	if !strings.Contains(warn.String(), "broken-netpol") {
 		t.Errorf("the unreadable NetworkPolicy is not reported: %q", warn.String())
@@ -153,7 +154,7 @@ func TestNetworkPoliciesNamed(t *testing.T) {
 	if rep, err = Run(in); err != nil {
 		t.Fatal(err)
 	}
-	want := []string{"ml-team/chief-fence", "ml-team/chief-netpol", "ml-team/workers-allowed-on-other-port", "zone-fence"}
+	want := []string{"ml-team/chief-fence", "ml-team/chief-netpol", "ml-team/ipblock", "ml-team/workers-allowed-on-other-port", "zone-fence"}
 	if j := rep.Jobs[0]; !reflect.DeepEqual(j.SelectedPolicies, want) {
 		t.Errorf("one file with every kind: selected %v, want %v", j.SelectedPolicies, want)
 	}

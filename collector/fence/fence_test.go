@@ -54,22 +54,116 @@ func TestAllowListFence(t *testing.T) {
 }
 
 func TestUndecidedNeverNamed(t *testing.T) {
-	p := mustParse(t, `{"metadata":{"namespace":"ml-team","name":"cidr"},"spec":{"endpointSelector":{},
-	  "ingress":[{"fromCIDR":["10.0.0.0/8"]}]}}`)
 	f := Flow{Subject: pod("ml-team"), Peer: pod("ml-team"), Proto: ProtoTCP, Port: 80}
+	p := mustParse(t, `{"metadata":{"namespace":"ml-team","name":"svc"},"spec":{"endpointSelector":{},
+	  "egress":[{"toServices":[{"k8sService":{"serviceName":"db","namespace":"ml-team"}}]}]}}`)
+	f.Egress = true
 	if v := p.Verdict(&f); v != Undecided {
-		t.Errorf("a CIDR rule: %v, want undecided", v)
+		t.Errorf("a toServices rule: %v, want undecided", v)
 	}
 	s := NewSet()
 	s.Put(p)
 	s.PutIdentity(1001, f.Subject)
-	if n := s.Name(false, 1001, 1001, ProtoTCP, 80); n != "" {
+	if n := s.Name(true, 1001, 1001, ProtoTCP, 80); n != "" {
 		t.Errorf("an undecided policy named: %q", n)
 	}
+	f.Egress = false
 	named := mustParse(t, `{"metadata":{"namespace":"ml-team","name":"ports"},"spec":{"endpointSelector":{},
 	  "ingress":[{"fromEndpoints":[{}],"toPorts":[{"ports":[{"port":"http"}]}]}]}}`)
 	if v := named.Verdict(&f); v != Undecided {
 		t.Errorf("a named port: %v, want undecided", v)
+	}
+}
+
+// The common egress allow-list, the namespace's pods plus a CIDR, is
+// decided for pods, CIDR and world identities as Cilium decides it.
+func TestCIDRStyleEntries(t *testing.T) {
+	allow := mustParse(t, `{"metadata":{"namespace":"ml-team","name":"egress"},"spec":{"endpointSelector":{},
+	  "egress":[{"toEndpoints":[{}]},{"toCIDRSet":[{"cidr":"10.0.0.0/8","except":["10.9.0.0/16"]}]},
+	   {"toCIDR":["0.0.0.0/0"],"toPorts":[{"ports":[{"port":"443","protocol":"TCP"}]}]},
+	   {"toFQDNs":[{"matchName":"api.example.com"}]},{"toEntities":["kube-apiserver"]}]}}`)
+	cidr := func(ls ...string) Labels { return ParseLabelStrings(ls) }
+	for _, c := range []struct {
+		name string
+		peer Labels
+		port uint16
+		want Verdict
+	}{
+		{"a pod of the namespace", pod("ml-team"), 80, Allowed},
+		{"a pod of another namespace: no CIDR selects a pod", pod("other"), 80, Denied},
+		{"the node: no CIDR selects a node", reservedLabels[IdentityRemoteNode], 80, Denied},
+		{"the API server", reservedLabels[IdentityKubeAPIServer], 80, Allowed},
+		{"inside 10/8", cidr("cidr:10.1.0.0/16", "reserved:world-ipv4"), 80, Allowed},
+		{"in the except", cidr("cidr:10.9.1.0/24", "reserved:world-ipv4"), 80, Denied},
+		{"outside, port 443: 0.0.0.0/0", cidr("cidr:192.0.2.0/24", "reserved:world-ipv4"), 443, Allowed},
+		{"outside, port 80", cidr("cidr:192.0.2.0/24", "reserved:world-ipv4"), 80, Denied},
+		{"IPv6 world, port 443: not 0.0.0.0/0", cidr("cidr:2001-db8--/32", "reserved:world-ipv6"), 443, Denied},
+		{"single-stack IPv4 world, port 443", cidr("cidr:192.0.2.0/24", "reserved:world"), 443, Allowed},
+		{"reserved:world alone, port 443: its family is unknown", reservedLabels[IdentityWorld], 443, Undecided},
+		{"the FQDN's identity", cidr("fqdn:api.example.com", "reserved:world-ipv4"), 80, Allowed},
+		{"world, not the FQDN's", reservedLabels[IdentityWorldIPv4], 80, Denied},
+	} {
+		f := Flow{Egress: true, Subject: pod("ml-team"), Peer: c.peer, Proto: ProtoTCP, Port: c.port}
+		if got := allow.Verdict(&f); got != c.want {
+			t.Errorf("%s: %v, want %v", c.name, got, c.want)
+		}
+	}
+	// The exporter names it by identities: a pod of another namespace and
+	// the IPv4 world on port 80; the agent's own CIDR identities it has
+	// no labels of name nothing.
+	set := NewSet()
+	set.Put(allow)
+	set.PutIdentity(1001, pod("ml-team"))
+	set.PutIdentity(1002, pod("other"))
+	for _, c := range []struct {
+		peer uint32
+		want string
+	}{{1002, "ml-team/egress"}, {IdentityWorldIPv4, "ml-team/egress"}, {1001, ""}, {IdentityKubeAPIServer, ""}, {1<<24 | 7, ""}} {
+		if got := set.Name(true, 1001, c.peer, ProtoTCP, 80); got != c.want {
+			t.Errorf("egress drop to identity %d: named %q, want %q", c.peer, got, c.want)
+		}
+	}
+}
+
+// A policy Cilium's Sanitize refuses is refused: Cilium does not enforce
+// it, so it must never be named.
+func TestRefusedAsCiliumRefuses(t *testing.T) {
+	for _, spec := range []string{
+		`{"endpointSelector":{}}`,
+		`{"endpointSelector":{},"ingress":[]}`,
+		`{"ingress":[{}]}`,
+		`{"endpointSelector":{},"nodeSelector":{},"ingress":[{}]}`,
+		`{"endpointSelector":{},"ingress":[{"fromEndpoints":[{}],"fromCIDR":["10.0.0.0/8"]}]}`,
+		`{"endpointSelector":{},"egress":[{"toFQDNs":[{"matchName":"a.example"}],"toEntities":["world"]}]}`,
+		`{"endpointSelector":{},"ingress":[{"fromNodes":[{}]}]}`,
+		`{"endpointSelector":{},"ingress":[{"fromEntities":["galaxy"]}]}`,
+		`{"endpointSelector":{},"ingress":[{"fromCIDR":["10.0.0.0/33"]}]}`,
+		`{"endpointSelector":{},"ingress":[{"fromCIDRSet":[{"cidr":"10.0.0.1"}]}]}`,
+		`{"endpointSelector":{},"ingress":[{"fromCIDRSet":[{"cidr":"10.0.0.0/8","except":["192.168.0.0/16"]}]}]}`,
+		`{"endpointSelector":{},"ingress":[{"fromCIDRSet":[{"cidr":"10.0.0.0/8","cidrGroupRef":"g"}]}]}`,
+		`{"endpointSelector":{},"egress":[{"toFQDNs":[{"matchName":"a b"}]}]}`,
+		`{"endpointSelector":{},"ingress":[{"toPorts":[{"ports":[{"port":"70000"}]}]}]}`,
+		`{"endpointSelector":{},"ingress":[{"toPorts":[{"ports":[{"port":"80","protocol":"XTP"}]}]}]}`,
+		`{"endpointSelector":{},"ingress":[{"toPorts":[{"ports":[{"port":"53","protocol":"UDP"}],"rules":{"dns":[{"matchPattern":"*"}]}}]}]}`,
+		`{"endpointSelector":{},"egress":[{"toPorts":[{"ports":[{"port":"0"}],"rules":{"http":[{}]}}]}]}`,
+		`{"endpointSelector":{},"egress":[{"toEndpoints":[{}],"icmps":[{"fields":[{"type":8}]}],"toPorts":[{"ports":[{"port":"80"}]}]}]}`,
+	} {
+		data := `{"metadata":{"name":"p"},"spec":` + spec + `}`
+		if _, err := Parse([]byte(data)); err == nil {
+			t.Errorf("accepted a policy Cilium refuses: %s", spec)
+		}
+	}
+	// A CiliumNetworkPolicy may not have a nodeSelector.
+	if _, err := Parse([]byte(`{"metadata":{"namespace":"n","name":"p"},"spec":{"nodeSelector":{},"ingress":[{}]}}`)); err == nil {
+		t.Error("accepted a namespaced host policy")
+	}
+	// Requirements have no effect (Cilium v1.20 ignores them): a rule
+	// with ports and a requirement allows every peer on the ports.
+	req := mustParse(t, `{"metadata":{"namespace":"ml-team","name":"req"},"spec":{"endpointSelector":{},
+	  "ingress":[{"fromRequires":["k8s:zone=a"],"toPorts":[{"ports":[{"port":"80"}]}]}]}}`)
+	f := Flow{Subject: pod("ml-team"), Peer: pod("other"), Proto: ProtoTCP, Port: 80}
+	if v := req.Verdict(&f); v != Allowed {
+		t.Errorf("fromRequires with ports: %v, want allowed", v)
 	}
 }
 

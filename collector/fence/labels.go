@@ -15,9 +15,15 @@
 // the namespace Cilium adds to a namespaced policy's selectors, the
 // namespace requirement of a cluster-wide policy's peers), checked
 // against Cilium v1.20.2's own policy repository (internal/hubblepeer,
-// TestFenceAgreesWithCilium). A rule zonewatch does not evaluate (CIDR,
-// FQDN, Services, groups, nodes, named ports, ICMP types) makes its policy
-// undecided: such a policy is never named.
+// TestFenceAgreesWithCilium). CIDR-style peers are evaluated as Cilium
+// does, on the identity's labels (cidr.go): a CIDR, CIDRSet (with except)
+// or ipBlock selects world and CIDR identities by their cidr labels, a
+// node or pod only in the CIDR match modes that give them such labels;
+// an FQDN selects the identities labelled with it. A policy Cilium
+// refuses is refused (validate.go). What zonewatch does not evaluate
+// (Services, groups, CIDR groups, named ports, ICMP types, host policies
+// (nodeSelector), a zero-length CIDR on an identity of unknown address
+// family) makes its policy undecided: such a policy is never named.
 package fence
 
 import (

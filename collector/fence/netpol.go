@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net/netip"
 	"slices"
 	"strconv"
 	"strings"
@@ -70,7 +69,7 @@ func ParseNetworkPolicy(data []byte) (*Policy, error) {
 // a podSelector peer is in the policy's namespace, a namespaceSelector
 // one in the namespaces with those labels (empty: every namespace), both
 // in the local cluster unless they name one; an ipBlock is a CIDR
-// selector, not evaluated (undecided). Ingress is denied by default when
+// selector with its except (cidr.go). Ingress is denied by default when
 // there is no ingress rule and policyTypes has Ingress or lacks Egress,
 // egress when there is no egress rule and policyTypes has Egress; rules
 // are read whatever policyTypes says, as Cilium reads them. Label keys are
@@ -184,31 +183,29 @@ func netpolEntries(nr *NetpolRule, dir int, ns string) ([]entry, error) {
 	for i := range peers {
 		e := base
 		e.ports = slices.Clone(base.ports)
-		s, other, err := netpolPeer(&peers[i], ns)
+		if b := peers[i].IPBlock; b != nil {
+			// Cilium's CIDR selector (ipBlockToCIDRRule).
+			c, err := newCIDRSelector(CIDRRule{CIDR: b.CIDR, Except: b.Except}, false)
+			if err != nil {
+				return nil, fmt.Errorf("ipBlock: %w", err)
+			}
+			e.cidrs = []cidrSelector{c}
+			out = append(out, e)
+			continue
+		}
+		s, err := netpolPeer(&peers[i], ns)
 		if err != nil {
 			return nil, err
 		}
-		if other {
-			e.otherPeers = true
-		} else {
-			e.peers = []selector{s}
-		}
+		e.peers = []selector{s}
 		out = append(out, e)
 	}
 	return out, nil
 }
 
-// netpolPeer is the selector Cilium makes of a peer
-// (parseNetworkPolicyPeer); other: an ipBlock, not evaluated.
-func netpolPeer(p *NetpolPeer, ns string) (s selector, other bool, err error) {
-	if p.IPBlock != nil {
-		for _, c := range append([]string{p.IPBlock.CIDR}, p.IPBlock.Except...) {
-			if _, err := netip.ParsePrefix(c); err != nil {
-				return s, false, fmt.Errorf("ipBlock: %w", err)
-			}
-		}
-		return s, true, nil
-	}
+// netpolPeer is the selector Cilium makes of a pod or namespace peer
+// (parseNetworkPolicyPeer).
+func netpolPeer(p *NetpolPeer, ns string) (s selector, err error) {
 	pod := LabelSelector{MatchLabels: map[string]string{}}
 	if p.PodSelector != nil {
 		pod.MatchExpressions = p.PodSelector.MatchExpressions
@@ -225,23 +222,23 @@ func netpolPeer(p *NetpolPeer, ns string) (s selector, other bool, err error) {
 	}
 	if p.NamespaceSelector != nil {
 		if s, err = k8sSelector(&pod, ""); err != nil {
-			return s, false, err
+			return s, err
 		}
 		nsSel, err := k8sSelector(p.NamespaceSelector, LabelNamespaceLabels)
 		if err != nil {
-			return s, false, err
+			return s, err
 		}
 		s.reqs = append(s.reqs, nsSel.reqs...)
 		if len(p.NamespaceSelector.MatchLabels) == 0 && len(p.NamespaceSelector.MatchExpressions) == 0 {
 			s.add(k8sNamespace, "Exists", nil) // every namespace
 		}
 	} else if s, err = netpolPodSelector(&pod, ns); err != nil {
-		return s, false, err
+		return s, err
 	}
 	if local {
 		s.add(k8sCluster, opCluster, nil)
 	}
-	return s, false, nil
+	return s, nil
 }
 
 // netpolPort is a NetworkPolicy port as Cilium's parsePorts writes it:

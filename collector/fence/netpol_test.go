@@ -148,12 +148,15 @@ func TestNetworkPolicyTypesAndEmptyRules(t *testing.T) {
 
 func TestNetworkPolicyIPBlockAndCluster(t *testing.T) {
 	sub := pod("ml-team")
-	// An ipBlock is a CIDR selector, not evaluated: undecided unless
-	// another entry allows the peer.
+	// An ipBlock is a CIDR selector: it never selects a pod (Cilium's
+	// default CIDR match mode), selects a CIDR identity inside it and
+	// outside its except.
 	p := mustNetpol(t, `{"metadata":{"namespace":"ml-team","name":"cidr"},"spec":{"podSelector":{},"policyTypes":["Egress"],
 	  "egress":[{"to":[{"ipBlock":{"cidr":"10.0.0.0/8","except":["10.1.0.0/16"]}},{"podSelector":{"matchLabels":{"app":"db"}}}]}]}}`)
 	checkVerdicts(t, p, []netpolCase{
-		{"a pod the ipBlock may cover", Flow{Egress: true, Subject: sub, Peer: pod("ml-team", "app", "web"), Proto: ProtoTCP, Port: 80}, Undecided},
+		{"a pod inside the ipBlock", Flow{Egress: true, Subject: sub, Peer: pod("ml-team", "app", "web"), Proto: ProtoTCP, Port: 80}, Denied},
+		{"a CIDR identity inside", Flow{Egress: true, Subject: sub, Peer: ParseLabelStrings([]string{"cidr:10.2.0.0/16", "reserved:world-ipv4"}), Proto: ProtoTCP, Port: 80}, Allowed},
+		{"a CIDR identity in the except", Flow{Egress: true, Subject: sub, Peer: ParseLabelStrings([]string{"cidr:10.1.2.3/32", "reserved:world-ipv4"}), Proto: ProtoTCP, Port: 80}, Denied},
 		{"the allowed db", Flow{Egress: true, Subject: sub, Peer: pod("ml-team", "app", "db"), Proto: ProtoTCP, Port: 80}, Allowed},
 	})
 	// A peer selector that names a cluster selects that cluster's pods.

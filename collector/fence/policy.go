@@ -59,34 +59,69 @@ type Rule struct {
 }
 
 // PeerRule is one entry of ingress, ingressDeny, egress or egressDeny.
-// Only the peer and port fields zonewatch evaluates are typed; any other
-// peer field (CIDR, FQDN, Services, groups, nodes, requirements) makes the
-// entry undecided.
+// Groups and Services are not evaluated (the cloud's and the cluster's
+// Services' addresses decide them); requirements have no effect in Cilium
+// v1.20 (the CRD allows none, its rules ignore them).
 type PeerRule struct {
 	FromEndpoints []LabelSelector `json:"fromEndpoints,omitempty"`
 	ToEndpoints   []LabelSelector `json:"toEndpoints,omitempty"`
 	FromEntities  []string        `json:"fromEntities,omitempty"`
 	ToEntities    []string        `json:"toEntities,omitempty"`
 	ToPorts       []PortRule      `json:"toPorts,omitempty"`
-	ICMPs         json.RawMessage `json:"icmps,omitempty"`
+	ICMPs         []ICMPRule      `json:"icmps,omitempty"`
 
-	FromCIDR     json.RawMessage `json:"fromCIDR,omitempty"`
-	FromCIDRSet  json.RawMessage `json:"fromCIDRSet,omitempty"`
-	FromNodes    json.RawMessage `json:"fromNodes,omitempty"`
-	FromGroups   json.RawMessage `json:"fromGroups,omitempty"`
-	FromRequires json.RawMessage `json:"fromRequires,omitempty"`
-	ToCIDR       json.RawMessage `json:"toCIDR,omitempty"`
-	ToCIDRSet    json.RawMessage `json:"toCIDRSet,omitempty"`
-	ToNodes      json.RawMessage `json:"toNodes,omitempty"`
-	ToGroups     json.RawMessage `json:"toGroups,omitempty"`
-	ToRequires   json.RawMessage `json:"toRequires,omitempty"`
-	ToFQDNs      json.RawMessage `json:"toFQDNs,omitempty"`
-	ToServices   json.RawMessage `json:"toServices,omitempty"`
+	FromCIDR     []string          `json:"fromCIDR,omitempty"`
+	FromCIDRSet  []CIDRRule        `json:"fromCIDRSet,omitempty"`
+	FromNodes    []LabelSelector   `json:"fromNodes,omitempty"`
+	FromGroups   []json.RawMessage `json:"fromGroups,omitempty"`
+	FromRequires []string          `json:"fromRequires,omitempty"`
+	ToCIDR       []string          `json:"toCIDR,omitempty"`
+	ToCIDRSet    []CIDRRule        `json:"toCIDRSet,omitempty"`
+	ToNodes      []LabelSelector   `json:"toNodes,omitempty"`
+	ToGroups     []json.RawMessage `json:"toGroups,omitempty"`
+	ToRequires   []string          `json:"toRequires,omitempty"`
+	ToFQDNs      []FQDNSelector    `json:"toFQDNs,omitempty"`
+	ToServices   []json.RawMessage `json:"toServices,omitempty"`
+}
+
+// CIDRRule is one fromCIDRSet or toCIDRSet entry.
+type CIDRRule struct {
+	CIDR              string         `json:"cidr,omitempty"`
+	CIDRGroupRef      string         `json:"cidrGroupRef,omitempty"`
+	CIDRGroupSelector *LabelSelector `json:"cidrGroupSelector,omitempty"`
+	Except            []string       `json:"except,omitempty"`
+}
+
+// FQDNSelector is one toFQDNs entry.
+type FQDNSelector struct {
+	MatchName    string `json:"matchName,omitempty"`
+	MatchPattern string `json:"matchPattern,omitempty"`
+}
+
+// ICMPRule is one icmps entry; its types decide ICMP packets only.
+type ICMPRule struct {
+	Fields []struct {
+		Family string `json:"family,omitempty"`
+	} `json:"fields,omitempty"`
 }
 
 // PortRule is one toPorts entry; its L7 rules allow the port at L4.
 type PortRule struct {
-	Ports []Port `json:"ports,omitempty"`
+	Ports []Port   `json:"ports,omitempty"`
+	Rules *L7Rules `json:"rules,omitempty"`
+}
+
+// L7Rules are a toPorts entry's L7 rules, read only to refuse what Cilium
+// refuses.
+type L7Rules struct {
+	HTTP  []json.RawMessage `json:"http,omitempty"`
+	Kafka []json.RawMessage `json:"kafka,omitempty"`
+	DNS   []json.RawMessage `json:"dns,omitempty"`
+	L7    []json.RawMessage `json:"l7,omitempty"`
+}
+
+func (r *L7Rules) empty() bool {
+	return r == nil || r.HTTP == nil && r.Kafka == nil && r.DNS == nil && r.L7 == nil
 }
 
 // Port is one port of a toPorts entry.
@@ -106,18 +141,20 @@ type rule struct {
 	node    bool // a nodeSelector rule: selects nodes (the host), not pods
 	subject selector
 	// by direction: 0 ingress, 1 egress
-	allow, deny  [2][]entry
-	defaultDeny  [2]bool
-	subjectNoSel bool // neither selector: selects nothing
+	allow, deny [2][]entry
+	defaultDeny [2]bool
 }
 
 // entry is one allow or deny entry.
 type entry struct {
 	none bool // an explicitly empty peer list: selects nobody
 	all  bool // every peer (a NetworkPolicy rule without from or to)
-	// peers are the evaluated peer selectors; otherPeers: the entry has
-	// peers of kinds zonewatch does not evaluate (CIDR, FQDN, ...).
+	// peers are the label selectors, cidrs the CIDR selectors and fqdns
+	// the FQDN selectors' identity labels; otherPeers: the entry has
+	// peers zonewatch does not evaluate (Services, groups).
 	peers      []selector
+	cidrs      []cidrSelector
+	fqdns      []string
 	otherPeers bool
 	ports      []portRange
 	// anyPort: no L4 part (an L3-only entry allows every port and protocol)
@@ -125,6 +162,10 @@ type entry struct {
 	// icmp: ICMP types, not evaluated (they decide ICMP packets only);
 	// otherPorts: named ports or a toPorts entry without ports.
 	icmp, otherPorts bool
+}
+
+func (e *entry) hasL3() bool {
+	return len(e.peers) > 0 || len(e.cidrs) > 0 || len(e.fqdns) > 0 || e.otherPeers
 }
 
 type portRange struct {
@@ -172,6 +213,9 @@ func (o *Object) Parse() (*Policy, error) {
 		return nil, fmt.Errorf("policy %s has no spec", p.Ref)
 	}
 	for i := range specs {
+		if ns != "" && specs[i].NodeSelector != nil {
+			return nil, fmt.Errorf("policy %s: a CiliumNetworkPolicy rule cannot have a nodeSelector", p.Ref)
+		}
 		r, err := parseRule(&specs[i], ns)
 		if err != nil {
 			return nil, fmt.Errorf("policy %s: %w", p.Ref, err)
@@ -188,11 +232,15 @@ const (
 	anyCluster   = SourceAny + ":" + LabelCluster
 )
 
+// parseRule reads one rule; it refuses what Cilium's Sanitize refuses
+// (with its default agent configuration).
 func parseRule(r *Rule, ns string) (rule, error) {
 	var out rule
+	if err := sanitizeRule(r); err != nil {
+		return out, err
+	}
 	var err error
-	switch {
-	case r.EndpointSelector != nil:
+	if r.EndpointSelector != nil {
 		if out.subject, err = newSelector(r.EndpointSelector); err != nil {
 			return out, err
 		}
@@ -200,13 +248,11 @@ func parseRule(r *Rule, ns string) (rule, error) {
 			// The policy applies in its namespace only.
 			out.subject.add(k8sNamespace, "In", []string{ns})
 		}
-	case r.NodeSelector != nil:
+	} else {
 		out.node = true
 		if out.subject, err = newSelector(r.NodeSelector); err != nil {
 			return out, err
 		}
-	default:
-		out.subjectNoSel = true
 	}
 	// An initializing endpoint's subject selector leaves peers without
 	// the namespace requirement (utils.matchesPodInit).
@@ -216,7 +262,7 @@ func parseRule(r *Rule, ns string) (rule, error) {
 	for dir := range 2 {
 		for kind, list := range lists[dir] {
 			for i := range list {
-				e, err := parseEntry(&list[i], dir, ns, matchesInit)
+				e, err := parseEntry(&list[i], dir, kind == 1, ns, matchesInit)
 				if err != nil {
 					return out, err
 				}
@@ -232,24 +278,31 @@ func parseRule(r *Rule, ns string) (rule, error) {
 	return out, nil
 }
 
-func parseEntry(pr *PeerRule, dir int, ns string, matchesInit bool) (entry, error) {
+// parseEntry reads an entry as Cilium's RulesToPolicyEntries does: the
+// requirements are ignored, toFQDNs only in an egress allow entry, and
+// Services (which Cilium's policy watcher turns into endpoints or CIDRs
+// by the cluster's Services) are not evaluated.
+func parseEntry(pr *PeerRule, dir int, deny bool, ns string, matchesInit bool) (entry, error) {
 	var e entry
-	endpoints, entities := pr.FromEndpoints, pr.FromEntities
-	other := [][]byte{pr.FromCIDR, pr.FromCIDRSet, pr.FromNodes, pr.FromGroups, pr.FromRequires}
+	endpoints, entities, nodes, cidrs, cidrSet := pr.FromEndpoints, pr.FromEntities, pr.FromNodes, pr.FromCIDR, pr.FromCIDRSet
+	groups := pr.FromGroups
 	if dir == 1 {
-		endpoints, entities = pr.ToEndpoints, pr.ToEntities
-		other = [][]byte{pr.ToCIDR, pr.ToCIDRSet, pr.ToNodes, pr.ToGroups, pr.ToRequires, pr.ToFQDNs, pr.ToServices}
+		endpoints, entities, nodes, cidrs, cidrSet = pr.ToEndpoints, pr.ToEntities, pr.ToNodes, pr.ToCIDR, pr.ToCIDRSet
+		groups = pr.ToGroups
+		e.otherPeers = len(pr.ToServices) > 0
+		if !deny {
+			for _, f := range pr.ToFQDNs {
+				e.fqdns = append(e.fqdns, f.identityLabel())
+			}
+		}
 	}
 	// An explicitly empty peer list selects nobody
 	// (utils.mergeEndpointSelectors).
-	if (endpoints != nil && len(endpoints) == 0) || (entities != nil && len(entities) == 0) {
+	if (endpoints != nil && len(endpoints) == 0) || (entities != nil && len(entities) == 0) ||
+		(nodes != nil && len(nodes) == 0) || (cidrs != nil && len(cidrs) == 0) || (cidrSet != nil && len(cidrSet) == 0) {
 		return entry{none: true}, nil
 	}
-	for _, o := range other {
-		if o != nil {
-			e.otherPeers = true
-		}
-	}
+	e.otherPeers = e.otherPeers || len(groups) > 0
 	for i := range endpoints {
 		s, err := newSelector(&endpoints[i])
 		if err != nil {
@@ -258,14 +311,23 @@ func parseEntry(pr *PeerRule, dir int, ns string, matchesInit bool) (entry, erro
 		e.peers = append(e.peers, peerSelector(s, ns, matchesInit))
 	}
 	for _, ent := range entities {
-		sels, ok := entitySelectors(ent)
-		if !ok {
-			e.otherPeers = true
-			continue
-		}
-		e.peers = append(e.peers, sels...)
+		e.peers = append(e.peers, entitySelectors(ent)...)
 	}
-	e.icmp = pr.ICMPs != nil
+	for _, c := range cidrs {
+		cs, err := newCIDRSelector(CIDRRule{CIDR: c}, true)
+		if err != nil {
+			return e, err
+		}
+		e.cidrs = append(e.cidrs, cs)
+	}
+	for _, c := range cidrSet {
+		cs, err := newCIDRSelector(c, false)
+		if err != nil {
+			return e, err
+		}
+		e.cidrs = append(e.cidrs, cs)
+	}
+	e.icmp = len(pr.ICMPs) > 0
 	e.anyPort = len(pr.ToPorts) == 0 && !e.icmp
 	for _, tp := range pr.ToPorts {
 		if len(tp.Ports) == 0 {
@@ -395,9 +457,6 @@ func (p *Policy) Verdict(f *Flow) Verdict {
 	var allows []*entry
 	for i := range p.rules {
 		r := &p.rules[i]
-		if r.subjectNoSel {
-			continue
-		}
 		if r.node || subjectHost {
 			// Host policies (nodeSelector) select by the node's labels,
 			// which zonewatch does not read; endpoint selectors never
@@ -459,21 +518,13 @@ func (e *entry) match(f *Flow, cluster string) match {
 	switch {
 	case e.all:
 		peer = matchYes
-	case len(e.peers) == 0 && !e.otherPeers:
+	case !e.hasL3():
 		// No L3 part: every peer on the entry's ports; nobody without.
 		if !e.anyPort {
 			peer = matchYes
 		}
 	default:
-		for i := range e.peers {
-			if e.peers[i].matches(f.Peer, cluster) {
-				peer = matchYes
-				break
-			}
-		}
-		if peer == matchNo && e.otherPeers {
-			peer = matchMaybe
-		}
+		peer = e.matchPeer(f.Peer, cluster)
 	}
 	port := matchNo
 	if e.anyPort {
@@ -495,4 +546,31 @@ func (e *entry) match(f *Flow, cluster string) match {
 		return matchYes
 	}
 	return matchMaybe
+}
+
+// matchPeer: any of the entry's selectors selects the peer's identity.
+func (e *entry) matchPeer(peer Labels, cluster string) match {
+	for i := range e.peers {
+		if e.peers[i].matches(peer, cluster) {
+			return matchYes
+		}
+	}
+	for _, name := range e.fqdns {
+		if _, ok := peer.lookup(SourceFQDN, name); ok {
+			return matchYes
+		}
+	}
+	out := matchNo
+	if e.otherPeers {
+		out = matchMaybe
+	}
+	for i := range e.cidrs {
+		switch e.cidrs[i].match(peer) {
+		case matchYes:
+			return matchYes
+		case matchMaybe:
+			out = matchMaybe
+		}
+	}
+	return out
 }

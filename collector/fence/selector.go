@@ -134,34 +134,36 @@ func reservedSel(name string) selector {
 
 // entitySelectors are the selectors of a policy entity
 // (pkg/policy/api/entity.go, EntitySelectorMapping); "cluster" also
-// selects the cluster's endpoints by their cluster label.
-func entitySelectors(entity string) ([]selector, bool) {
+// selects the local cluster's endpoints by their cluster label,
+// "cluster-mesh" every cluster's. An entity Cilium does not know is
+// refused before (sanitizeEntry).
+func entitySelectors(entity string) []selector {
 	var names []string
 	switch entity {
 	case "all":
-		return []selector{{}}, true
+		return []selector{{}}
 	case "world":
 		names = []string{"world", "world-ipv4", "world-ipv6", "aggregate-world"}
-	case "world-ipv4", "world-ipv6", "host", "init", "ingress", "health", "unmanaged", "kube-apiserver", "none":
-		names = []string{entity}
 	case "remote-node":
 		names = []string{"remote-node", "aggregate-remote-node"}
-	case "cluster":
+	case "cluster", "cluster-mesh":
 		names = []string{"host", "remote-node", "init", "ingress", "health", "unmanaged", "kube-apiserver", "aggregate-cluster"}
-		out := make([]selector, 0, len(names)+1)
-		for _, n := range names {
-			out = append(out, reservedSel(n))
-		}
-		var c selector
-		c.add(SourceK8s+":"+LabelCluster, opCluster, nil)
-		return append(out, c), true
 	default:
-		// cluster-mesh and entities of newer versions: not evaluated
-		return nil, false
+		names = []string{entity}
 	}
-	out := make([]selector, 0, len(names))
+	out := make([]selector, 0, len(names)+2)
 	for _, n := range names {
 		out = append(out, reservedSel(n))
 	}
-	return out, true
+	var c selector
+	switch entity {
+	case "cluster":
+		c.add(SourceK8s+":"+LabelCluster, opCluster, nil)
+	case "cluster-mesh":
+		out = append(out, reservedSel("aggregate-cluster-mesh"))
+		c.add(LabelCluster, "Exists", nil)
+	default:
+		return out
+	}
+	return append(out, c)
 }

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
+	"net/netip"
 	"slices"
 	"strings"
 	"testing"
@@ -85,6 +86,35 @@ func reservedIdentity(t *testing.T, nid identity.NumericIdentity) fenceIdentity 
 	return fenceIdentity{id: id, own: own}
 }
 
+// outsideIdentity is a local-scope identity of addresses outside the
+// cluster, with the labels Cilium gives it: a CIDR's (GetCIDRLabelArray:
+// its cidr label and its family's world label) or an FQDN's.
+func outsideIdentity(nid identity.NumericIdentity, la labels.LabelArray) fenceIdentity {
+	var strs []string
+	for _, l := range la {
+		s := l.Source + ":" + l.Key
+		if l.Value != "" {
+			s += "=" + l.Value
+		}
+		strs = append(strs, s)
+	}
+	return fenceIdentity{id: identity.NewIdentityFromLabelArray(nid, la.Sort()), own: fence.ParseLabelStrings(strs)}
+}
+
+func outsideIdentities() []fenceIdentity {
+	var out []fenceIdentity
+	nid := identity.IdentityScopeLocal
+	for _, c := range []string{"10.1.2.0/24", "10.9.0.7/32", "192.168.1.7/32", "8.8.8.0/24", "2001:db8::/64"} {
+		nid++
+		out = append(out, outsideIdentity(nid, labels.GetCIDRLabelArray(netip.MustParsePrefix(c))))
+	}
+	for _, name := range []string{"api.example.com", "*.example.com"} {
+		nid++
+		out = append(out, outsideIdentity(nid, labels.LabelArray{labels.NewLabel(name, "", labels.LabelSourceFQDN), labels.WorldLabelV4}))
+	}
+	return out
+}
+
 // policyGen generates policies over a small vocabulary so that selectors
 // often match.
 type policyGen struct{ r *rand.Rand }
@@ -161,15 +191,43 @@ func (g policyGen) selector(peer bool) map[string]any {
 	return s
 }
 
-var genEntities = []string{"all", "world", "cluster", "host", "remote-node", "kube-apiserver", "health", "unmanaged", "ingress", "world-ipv4"}
+var (
+	genEntities = []string{"all", "world", "cluster", "host", "remote-node", "kube-apiserver", "health", "unmanaged",
+		"ingress", "world-ipv4", "cluster-mesh", "init"}
+	genCIDRs = []string{"10.0.0.0/8", "10.1.2.0/24", "192.168.1.7", "192.168.0.0/16", "0.0.0.0/0", "::/0", "2001:db8::/32"}
+)
 
-func (g policyGen) entry(egress bool) map[string]any {
-	e := map[string]any{}
-	eps, ents := "fromEndpoints", "fromEntities"
-	if egress {
-		eps, ents = "toEndpoints", "toEntities"
+// cidrRule is a CIDRSet entry, sometimes one Cilium refuses (an except
+// outside its CIDR, a bare address) or one of a CIDR group.
+func (g policyGen) cidrRule() map[string]any {
+	switch g.r.IntN(12) {
+	case 0:
+		return map[string]any{"cidrGroupRef": "office"}
+	case 1:
+		return map[string]any{"cidr": "10.0.0.0/8", "except": []string{"192.168.0.0/16"}}
+	case 2:
+		return map[string]any{"cidr": "192.168.1.7"}
 	}
-	switch g.r.IntN(6) {
+	c := map[string]any{"cidr": g.pick([]string{"10.0.0.0/8", "192.168.0.0/16", "0.0.0.0/0", "2001:db8::/32"})}
+	if g.r.IntN(2) == 0 {
+		c["except"] = map[string][]string{"10.0.0.0/8": {"10.9.0.0/16"}, "192.168.0.0/16": {"192.168.1.0/24"},
+			"0.0.0.0/0": {"10.0.0.0/8", "8.8.8.8/32"}, "2001:db8::/32": {"2001:db8::/64"}}[c["cidr"].(string)]
+	}
+	return c
+}
+
+// entry generates an ingress or egress entry; cidr: it has a CIDR-style,
+// entity, FQDN, node, service or requires peer.
+func (g policyGen) entry(egress bool) (e map[string]any, cidr bool) {
+	e = map[string]any{}
+	from := func(f string) string {
+		if egress {
+			return "to" + f
+		}
+		return "from" + f
+	}
+	eps := from("Endpoints")
+	switch g.r.IntN(12) {
 	case 0, 1, 2:
 		var sels []any
 		for range 1 + g.r.IntN(2) {
@@ -181,7 +239,11 @@ func (g policyGen) entry(egress bool) map[string]any {
 		for range 1 + g.r.IntN(2) {
 			es = append(es, g.pick(genEntities))
 		}
-		e[ents] = es
+		if g.r.IntN(20) == 0 {
+			es = append(es, "galaxy") // refused
+		}
+		e[from("Entities")] = es
+		cidr = true
 	case 4:
 		if g.r.IntN(3) == 0 {
 			e[eps] = []any{} // explicitly nobody
@@ -189,6 +251,57 @@ func (g policyGen) entry(egress bool) map[string]any {
 		// else no L3 part: ports alone, or {} (nobody)
 	case 5:
 		e[eps] = []any{map[string]any{}}
+	case 6:
+		var cs []string
+		for range 1 + g.r.IntN(2) {
+			cs = append(cs, g.pick(genCIDRs))
+		}
+		if g.r.IntN(15) == 0 {
+			cs = []string{"10.0.0.0/33"} // refused
+		}
+		e[from("CIDR")] = cs
+		cidr = true
+	case 7:
+		var cs []any
+		for range 1 + g.r.IntN(2) {
+			cs = append(cs, g.cidrRule())
+		}
+		e[from("CIDRSet")] = cs
+		cidr = true
+	case 8:
+		if egress {
+			fq := map[string]any{"matchName": "api.example.com"}
+			if g.r.IntN(2) == 0 {
+				fq = map[string]any{"matchPattern": "*.example.com"}
+			}
+			e["toFQDNs"] = []any{fq}
+		} else {
+			e[from("CIDR")] = []string{g.pick(genCIDRs)}
+		}
+		cidr = true
+	case 9:
+		if g.r.IntN(4) == 0 {
+			e[from("Nodes")] = []any{g.selector(false)} // refused: node selector labels are off
+		} else {
+			e[from("Requires")] = []string{"k8s:zone=" + g.pick(genValues["zone"])}
+		}
+		cidr = true
+	case 10:
+		if egress {
+			e["toServices"] = []any{map[string]any{"k8sService": map[string]any{"serviceName": "db", "namespace": g.pick(genNS)}}}
+		} else {
+			e[from("CIDR")] = []string{"10.0.0.0/8"}
+			if g.r.IntN(4) == 0 {
+				e[eps] = []any{g.selector(true)} // two kinds of peers in one entry: refused
+			}
+		}
+		cidr = true
+	case 11:
+		e[eps] = []any{g.selector(true)}
+		if g.r.IntN(4) == 0 {
+			e[from("Requires")] = []string{"k8s:role=m"} // no effect in v1.20
+			cidr = true
+		}
 	}
 	if g.r.IntN(2) == 0 {
 		var ports []any
@@ -211,11 +324,13 @@ func (g policyGen) entry(egress bool) map[string]any {
 		}
 		e["toPorts"] = []any{map[string]any{"ports": ports}}
 	}
-	return e
+	return e, cidr
 }
 
-func (g policyGen) rule() map[string]any {
-	r := map[string]any{"endpointSelector": g.selector(false)}
+// rule generates a rule; cidr counts its entries with a CIDR-style,
+// entity, FQDN, node, service or requires peer.
+func (g policyGen) rule() (r map[string]any, cidr int) {
+	r = map[string]any{"endpointSelector": g.selector(false)}
 	for _, dir := range []string{"ingress", "ingressDeny", "egress", "egressDeny"} {
 		n := 0
 		switch {
@@ -226,7 +341,11 @@ func (g policyGen) rule() map[string]any {
 		}
 		var list []any
 		for range n {
-			list = append(list, g.entry(strings.HasPrefix(dir, "egress")))
+			e, c := g.entry(strings.HasPrefix(dir, "egress"))
+			if c {
+				cidr++
+			}
+			list = append(list, e)
 		}
 		if n > 0 {
 			r[dir] = list
@@ -235,12 +354,12 @@ func (g policyGen) rule() map[string]any {
 	if g.r.IntN(6) == 0 {
 		r["enableDefaultDeny"] = map[string]any{g.pick([]string{"ingress", "egress"}): false}
 	}
-	return r
+	return r, cidr
 }
 
-func (g policyGen) policy(i int) ([]byte, bool) {
+func (g policyGen) policy(i int) (data []byte, ccnp bool, cidr int) {
 	o := map[string]any{"apiVersion": "cilium.io/v2"}
-	ccnp := g.r.IntN(3) == 0
+	ccnp = g.r.IntN(3) == 0
 	md := map[string]any{"name": fmt.Sprintf("p%d", i)}
 	if ccnp {
 		o["kind"] = "CiliumClusterwideNetworkPolicy"
@@ -250,15 +369,17 @@ func (g policyGen) policy(i int) ([]byte, bool) {
 	}
 	o["metadata"] = md
 	if g.r.IntN(4) == 0 {
-		o["specs"] = []any{g.rule(), g.rule()}
+		r1, c1 := g.rule()
+		r2, c2 := g.rule()
+		o["specs"], cidr = []any{r1, r2}, c1+c2
 	} else {
-		o["spec"] = g.rule()
+		o["spec"], cidr = g.rule()
 	}
 	b, err := json.Marshal(o)
 	if err != nil {
 		panic(err)
 	}
-	return b, ccnp
+	return b, ccnp, cidr
 }
 
 // ciliumRepo is Cilium's policy repository holding one policy.
@@ -328,7 +449,7 @@ func TestFenceAgreesWithCilium(t *testing.T) {
 		fence.IdentityRemoteNode, fence.IdentityKubeAPIServer, fence.IdentityIngress, fence.IdentityWorldIPv4, fence.IdentityWorldIPv6} {
 		reserved = append(reserved, reservedIdentity(t, id))
 	}
-	all := append(slices.Clone(pods), reserved...)
+	all := append(append(slices.Clone(pods), reserved...), outsideIdentities()...)
 	type probe struct {
 		egress        bool
 		subject, peer fenceIdentity
@@ -352,26 +473,17 @@ func TestFenceAgreesWithCilium(t *testing.T) {
 	// own translation, as many of each.
 	const policies = 250
 	var compared, denied, rejected, disagree, netpols, cidrRules, undecided, refusedNamed int
+	// outside: verdicts on CIDR and FQDN identities, allowed by Cilium
+	outside, outsideAllowed, rejectedNetpol := 0, 0, 0
 	set := fence.NewSet()
-	// namesAny: 1 when fence reads a policy Cilium refuses and would name
-	// it for a generated flow (it would name a policy not enforced).
-	namesAny := func(data []byte, netpol bool) int {
-		var own *fence.Policy
-		var err error
-		if netpol {
-			own, err = fence.ParseNetworkPolicy(data)
-		} else {
-			own, err = fence.Parse(data)
-		}
-		if err != nil {
-			return 0
-		}
+	// named: fence reads a policy and names it for a generated flow.
+	named := func(own *fence.Policy) bool {
 		for _, pr := range probes {
 			if own.Verdict(&fence.Flow{Egress: pr.egress, Subject: pr.subject.own, Peer: pr.peer.own, Proto: uint8(pr.proto), Port: pr.port}) == fence.Denied {
-				return 1
+				return true
 			}
 		}
-		return 0
+		return false
 	}
 	for i := range 2 * policies {
 		var data []byte
@@ -379,32 +491,41 @@ func TestFenceAgreesWithCilium(t *testing.T) {
 		var idm identitymanager.IDManager
 		var own *fence.Policy
 		var err error
+		var cidr int
+		var ciliumErr error
 		if i < policies {
 			var ccnp bool
-			data, ccnp = g.policy(i)
-			if repo, idm, err = ciliumRepo(t, all, data, ccnp); err != nil {
-				rejected++ // Cilium refuses it (Sanitize): nothing to compare
-				refusedNamed += namesAny(data, false)
-				continue
-			}
+			data, ccnp, cidr = g.policy(i)
+			repo, idm, ciliumErr = ciliumRepo(t, all, data, ccnp)
 			own, err = fence.Parse(data)
 		} else {
-			var cidr int
 			data, cidr = g.netpol(i)
 			netpols++
-			entries, perr := ciliumNetpolEntries(t, data)
-			if perr != nil {
-				rejected++
-				refusedNamed += namesAny(data, true)
-				continue
+			var entries policytypes.PolicyEntries
+			if entries, ciliumErr = ciliumNetpolEntries(t, data); ciliumErr == nil {
+				repo, idm = ciliumRepoOf(t, all, entries)
 			}
-			cidrRules += cidr
-			repo, idm = ciliumRepoOf(t, all, entries)
 			own, err = fence.ParseNetworkPolicy(data)
+		}
+		if ciliumErr != nil {
+			// Cilium refuses it (Sanitize, its NetworkPolicy
+			// translation): fence must refuse it too.
+			rejected++
+			if i >= policies {
+				rejectedNetpol++
+			}
+			if err == nil {
+				t.Errorf("fence reads a policy Cilium refuses (%v):\n%s", ciliumErr, data)
+				if named(own) {
+					refusedNamed++
+				}
+			}
+			continue
 		}
 		if err != nil {
 			t.Fatalf("fence refuses a policy Cilium takes: %v\n%s", err, data)
 		}
+		cidrRules += cidr
 		set.Put(own)
 		for _, pr := range probes {
 			f := policytypes.Flow{From: pr.peer.id, To: pr.subject.id, Proto: pr.proto, Dport: pr.port}
@@ -425,11 +546,19 @@ func TestFenceAgreesWithCilium(t *testing.T) {
 			if ciliumDenied {
 				denied++
 			}
+			if pr.peer.id.ID.HasLocalScope() {
+				outside++
+				if !ciliumDenied {
+					outsideAllowed++
+				}
+			}
 			if mine == fence.Undecided {
-				// Only rules fence does not evaluate (an ipBlock, a named
-				// port) leave a verdict undecided: never named.
-				if i < policies || !strings.Contains(string(data), "ipBlock") && !strings.Contains(string(data), `"http"`) {
-					t.Errorf("policy %s: undecided on a generated flow", data)
+				// Only what zonewatch cannot see leaves a verdict
+				// undecided (never named): the cluster's Services, CIDR
+				// groups, a named port's pods, the address family of
+				// reserved:world for a zero-length CIDR.
+				if !undecidable(data, pr.peer.id.ID) {
+					t.Errorf("policy %s: undecided for peer %v", data, pr.peer.id.LabelArray)
 				}
 				undecided++
 				continue
@@ -451,10 +580,26 @@ func TestFenceAgreesWithCilium(t *testing.T) {
 	if denied == 0 || denied == compared {
 		t.Fatalf("the generator is useless: %d of %d flows denied", denied, compared)
 	}
-	t.Logf("%d policies (%d Kubernetes NetworkPolicies; %d refused by Cilium), %d flows each: %d verdicts compared, %d denied by Cilium, %d undecided (never named), %d disagreements",
-		2*policies, netpols, rejected, len(probes), compared, denied, undecided, disagree)
-	// cidr_rules: NetworkPolicy rules with an ipBlock peer (Cilium's CIDR
-	// selectors); refused_named: policies Cilium refuses that fence names.
+	t.Logf("%d policies (%d Kubernetes NetworkPolicies; %d refused by Cilium, %d of them NetworkPolicies, each refused by fence), %d flows each: %d verdicts compared, %d denied by Cilium, %d undecided (never named), %d disagreements; %d verdicts on CIDR and FQDN identities, %d of them allowed",
+		2*policies, netpols, rejected, rejectedNetpol, len(probes), compared, denied, undecided, disagree, outside, outsideAllowed)
+	// cidr_rules: rules of the compared policies with a CIDR-style,
+	// entity, FQDN, node, service or requires peer (a NetworkPolicy's
+	// ipBlock); refused_named: policies Cilium refuses that fence reads
+	// and names for a generated flow.
 	t.Logf("fence-agreement: policies=%d netpol=%d cidr_rules=%d refused=%d refused_named=%d verdicts=%d disagreements=%d",
 		2*policies, netpols, cidrRules, rejected, refusedNamed, compared, disagree)
+}
+
+// undecidable: the policy has a peer or port whose answer depends on what
+// zonewatch cannot see for this peer: Services, CIDR groups, named ports,
+// ICMP types, or a zero-length CIDR with reserved:world (whose label is
+// "world" or "world-ipv4" by the cluster's address families).
+func undecidable(data []byte, peer identity.NumericIdentity) bool {
+	d := string(data)
+	for _, s := range []string{"toServices", "cidrGroupRef", `"http"`, "icmps"} {
+		if strings.Contains(d, s) {
+			return true
+		}
+	}
+	return peer == fence.IdentityWorld && (strings.Contains(d, `"0.0.0.0/0"`) || strings.Contains(d, `"::/0"`))
 }
