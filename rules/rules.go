@@ -181,7 +181,11 @@ var (
 
 // Job conditions shared by several alerts. Each yields one series per job.
 var (
-	condSplit = RecJobSplitZone + ` == 1`
+	// A job whose pods say they are placed across zones on purpose
+	// (zonewatch.io/multi-zone: intentional) is no split job: every job
+	// alert reads this (the cost alert: optedOut).
+	condSplit = `(` + RecJobSplitZone + ` == 1 ` + optedOut + `)`
+	optedOut  = `unless on (` + byJob + `) zonewatch_job_multi_zone_info` + sel(`multi_zone="intentional"`)
 	// Policy drops on cross-zone traffic between the job's own pods.
 	condCrossZoneDrops = RecOwnCrossZonePolicyDrops + ` > ` + tok("dropRate")
 	// Value: RecGPUBusy. Idle asks whether anything runs, so the signals
@@ -251,11 +255,12 @@ and on (` + byJob + `) (` + condSplit + `)`
 
 // The rollup of the per-node source alerts: a source down on many nodes at
 // once is one alert, and the per-node ones hold back (unless) meanwhile.
-// conntrack is left out: clusters without conntrack accounting have it
-// down everywhere, and its alert needs cross-zone traffic besides.
+// conntrack and ipcache are left out: their alerts need traffic they
+// fail to count or place (clusters without conntrack accounting have it
+// down everywhere; without the ipcache the pod CIDRs often suffice).
 var (
 	condRollup = `count by (source` + tClusterBy + `) (
-  zonewatch_source_up` + sel(`source=~"kubernetes|hubble|gpu|podresources|ipcache"`) + ` == 0
+  zonewatch_source_up` + sel(`source=~"kubernetes|hubble|gpu|podresources"`) + ` == 0
 ) >= ` + tok("sourceDownRollupNodes")
 	exceptRollup = `unless on (source` + tClusterBy + `) (
 ` + indent(condRollup) + `
@@ -391,7 +396,8 @@ or ` + RecGPUTensorActive)},
 			"Cilium drops a split training job's cross-zone traffic with peers outside the job.",
 			jobName+` is split across zones (`+jobZones+`) and Cilium drops its cross-zone traffic with peers outside the job (`+jobPeerDrops+`). Co-locating the job does not fix these drops: the policy, or the peer's zone, does.`),
 		alertRule(AlertCrossZoneCost, "crossZoneCost",
-			RecCrossZoneCost+` * 24 > `+tok("crossZoneDailyBudgetDollars"),
+			RecCrossZoneCost+` * 24 > `+tok("crossZoneDailyBudgetDollars")+`
+`+optedOut,
 			"A training job's projected cross-zone transfer spend is over budget.",
 			jobName+` sends `+jobBytes+` across zones (`+jobZones+`). At this rate its cross-zone transfer costs ${{ $value | printf "%.2f" }} a day, over the budget of $`+tok("crossZoneDailyBudgetDollars")+` a day.`),
 		alertRule(AlertSplitZonePlacement, "splitZonePlacement", `(`+condSplit+`)
@@ -455,10 +461,14 @@ unless on (`+byJob+`) (
 `+exceptRollup,
 			"zonewatch cannot watch the Kubernetes API on a node.",
 			`zonewatch at {{ $labels.instance }}{{ with $labels.node }} on node {{ . }}{{ end }} has not synced its Kubernetes informers: it places no pod, so the training jobs on its node are not watched (no placement, and their drops, flows and bytes are not counted to them).`),
+		// Only where it costs something: without the ipcache the pod
+		// CIDRs place remote pods (and flows), except where pods take
+		// addresses outside them (ENI-style IPAM): then flows go unplaced.
 		alertRule(AlertIPCacheSourceDown, "ipcacheSourceDown",
-			nodeOf(`zonewatch_source_up`+sel(`source="ipcache"`)+` == 0`, "")+"\n"+exceptRollup,
-			"zonewatch cannot read Cilium's ipcache on a node with training jobs.",
-			`zonewatch on node {{ $labels.node }} ({{ $labels.instance }}) cannot read the node's Cilium ipcache map: addresses of pods it does not watch (other jobs' pods, other workloads) are placed by the nodes' pod CIDRs only, and not at all where pods take addresses outside them (ENI-style IPAM), so the drops, flows and bytes of the training jobs here with such peers may count to an unknown zone.`),
+			nodeOf(`sum by (`+byInstance+`) (rate(zonewatch_hubble_flows_unresolved_total`+sel()+`[5m])) > 0
+  and on (`+byInstance+`) (zonewatch_source_up`+sel(`source="ipcache"`)+` == 0)`, ""),
+			"zonewatch cannot read Cilium's ipcache on a node where flows go unplaced.",
+			`zonewatch on node {{ $labels.node }} ({{ $labels.instance }}) cannot read the node's Cilium ipcache map, and {{ $value | printf "%.2f" }} flows/s there have a cluster address it cannot place: pods it does not watch (other jobs' pods, other workloads) are placed by the nodes' pod CIDRs only, which do not hold them where pods take addresses outside them (ENI-style IPAM). Drops, flows and bytes of the training jobs here with such peers count to an unknown zone.`),
 		alertRule(AlertSourceDownOnManyNodes, "sourceDownOnManyNodes", condRollup,
 			"A zonewatch source is down on many nodes at once.",
 			`The {{ $labels.source }} source of zonewatch is down on {{ $value }} nodes (at least `+tok("sourceDownRollupNodes")+`): a cause common to them (an upgrade of Cilium or the GPU Operator, a chart or RBAC change) rather than one node. The per-node alerts of this source are held back while this fires; zonewatch_source_up{source="{{ $labels.source }}"} == 0 lists the nodes.`),

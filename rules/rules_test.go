@@ -583,3 +583,41 @@ func TestBlockedNeverWithPage(t *testing.T) {
 		}
 	}
 }
+
+// TestJobAlertsHonourOptOut: every alert of the zonewatch.jobs group leaves
+// out the jobs marked zonewatch.io/multi-zone: intentional.
+func TestJobAlertsHonourOptOut(t *testing.T) {
+	groups, err := configuredGroups(DefaultConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	const clause = `unless on (namespace, job_name) zonewatch_job_multi_zone_info{job="zonewatch", multi_zone="intentional"}`
+	recorded := map[string]string{}
+	for _, g := range groups {
+		for _, r := range g.Rules {
+			if r.Record != "" {
+				recorded[r.Record] += string(r.Expr)
+			}
+		}
+	}
+	n := 0
+	for _, g := range groups {
+		if g.Name != "zonewatch.jobs" {
+			continue
+		}
+		for _, r := range g.Rules {
+			n++
+			// An alert that is a recording rule's output: that rule's expression.
+			expr := string(r.Expr)
+			if rec, ok := recorded[strings.TrimSpace(expr)]; ok {
+				expr = rec
+			}
+			if !strings.Contains(expr, clause) {
+				t.Errorf("%s does not leave out intentional multi-zone jobs:\n%s", r.Alert, r.Expr)
+			}
+		}
+	}
+	if n != 7 {
+		t.Errorf("%d job alerts, want 7", n)
+	}
+}
