@@ -163,7 +163,7 @@ func DefaultConfig() Config {
 			"gpuSourceDown":         "warning",
 			"byteSourceUnavailable": "info",
 			"kubernetesSourceDown":  "warning",
-			"ipcacheSourceDown":     "warning",
+			"ipCacheSourceDown":     "warning",
 			"sourceDownOnManyNodes": "warning",
 		},
 		For: ForDurations{
@@ -300,7 +300,7 @@ func (f ForDurations) list() []namedDuration {
 		{"gpuSourceDown", f.GPUSourceDown},
 		{"byteSourceUnavailable", f.ByteSourceUnavailable},
 		{"kubernetesSourceDown", f.KubernetesSourceDown},
-		{"ipcacheSourceDown", f.IPCacheSourceDown},
+		{"ipCacheSourceDown", f.IPCacheSourceDown},
 		{"sourceDownOnManyNodes", f.SourceDownOnManyNodes},
 	}
 }

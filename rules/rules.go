@@ -464,7 +464,7 @@ unless on (`+byJob+`) (
 		// Only where it costs something: without the ipcache the pod
 		// CIDRs place remote pods (and flows), except where pods take
 		// addresses outside them (ENI-style IPAM): then flows go unplaced.
-		alertRule(AlertIPCacheSourceDown, "ipcacheSourceDown",
+		alertRule(AlertIPCacheSourceDown, "ipCacheSourceDown",
 			nodeOf(`sum by (`+byInstance+`) (rate(zonewatch_hubble_flows_unresolved_total`+sel()+`[5m])) > 0
   and on (`+byInstance+`) (zonewatch_source_up`+sel(`source="ipcache"`)+` == 0)`, ""),
 			"zonewatch cannot read Cilium's ipcache on a node where flows go unplaced.",
