@@ -37,19 +37,25 @@ func (g *gatherer) Gather() ([]*dto.MetricFamily, error) {
 	mfs, err := g.reg.Gather()
 	start := time.Now()
 	info, zones, split := gaugeFamily(jobPodInfoName, jobPodInfoHelp), gaugeFamily(jobZonesName, jobZonesHelp), gaugeFamily(jobSplitName, jobSplitHelp)
+	var multi *dto.MetricFamily // made for the first such series: most clusters have none
 	g.p.each(func(s *gauge) {
 		switch s.desc {
 		case jobPodInfoDesc:
 			info.Metric = append(info.Metric, &s.m)
 		case jobZonesDesc:
 			zones.Metric = append(zones.Metric, &s.m)
+		case jobMultiZoneDesc:
+			if multi == nil {
+				multi = gaugeFamily(jobMultiZoneName, jobMultiZoneHelp)
+			}
+			multi.Metric = append(multi.Metric, &s.m)
 		default:
 			split.Metric = append(split.Metric, &s.m)
 		}
 	})
 	took := time.Since(start).Seconds()
-	for _, f := range []*dto.MetricFamily{info, zones, split} {
-		if len(f.Metric) > 0 {
+	for _, f := range []*dto.MetricFamily{info, zones, split, multi} {
+		if f != nil && len(f.Metric) > 0 {
 			var dup error
 			if mfs, dup = insertFamily(mfs, f); dup != nil && err == nil {
 				err = dup

@@ -15,19 +15,22 @@ import (
 
 // The placement families: name and help, for the Desc and for Gatherer.
 const (
-	jobPodInfoName = namespace + "_job_pod_info"
-	jobPodInfoHelp = "A training-job pod scheduled on this exporter's node (1). role is coordinator or worker."
-	jobZonesName   = namespace + "_job_zones"
-	jobZonesHelp   = "Distinct zones of the job's scheduled pods, cluster-wide; emitted by every exporter that hosts a pod of the job (take max)."
-	jobSplitName   = namespace + "_job_split_zone"
-	jobSplitHelp   = "1 when the job's scheduled pods span more than one zone, else 0."
+	jobPodInfoName   = namespace + "_job_pod_info"
+	jobPodInfoHelp   = "A training-job pod scheduled on this exporter's node (1). role is coordinator or worker."
+	jobZonesName     = namespace + "_job_zones"
+	jobZonesHelp     = "Distinct zones of the job's scheduled pods, cluster-wide; emitted by every exporter that hosts a pod of the job (take max)."
+	jobSplitName     = namespace + "_job_split_zone"
+	jobSplitHelp     = "1 when the job's scheduled pods span more than one zone, else 0."
+	jobMultiZoneName = namespace + "_job_multi_zone_info"
+	jobMultiZoneHelp = "A job whose pods carry the zonewatch.io/multi-zone label or annotation (1), with its value; \"intentional\" leaves the job out of the job alerts."
 )
 
 var (
 	jobPodInfoDesc = prometheus.NewDesc(jobPodInfoName, jobPodInfoHelp,
 		[]string{"namespace", "job_name", "job_kind", "pod", "role", "node", "zone"}, nil)
-	jobZonesDesc = prometheus.NewDesc(jobZonesName, jobZonesHelp, []string{"namespace", "job_name"}, nil)
-	jobSplitDesc = prometheus.NewDesc(jobSplitName, jobSplitHelp, []string{"namespace", "job_name"}, nil)
+	jobZonesDesc     = prometheus.NewDesc(jobZonesName, jobZonesHelp, []string{"namespace", "job_name"}, nil)
+	jobSplitDesc     = prometheus.NewDesc(jobSplitName, jobSplitHelp, []string{"namespace", "job_name"}, nil)
+	jobMultiZoneDesc = prometheus.NewDesc(jobMultiZoneName, jobMultiZoneHelp, []string{"namespace", "job_name", "multi_zone"}, nil)
 )
 
 // Placements is the topology view the placement collector reads. Each
@@ -67,6 +70,7 @@ type renderedJob struct {
 	podInfo []gauge
 	zones   *gauge // nil: no series (a shard holding none of its pods)
 	split   *gauge
+	multi   *gauge // nil: no zonewatch.io/multi-zone on its pods
 }
 
 // NewPlacement returns the placement collector for node.
@@ -137,6 +141,11 @@ func (p *Placement) each(fn func(*gauge)) {
 	for _, r := range p.order {
 		fn(r.split)
 	}
+	for _, r := range p.order {
+		if r.multi != nil {
+			fn(r.multi)
+		}
+	}
 	if cap(p.order) > 2*len(p.order)+64 {
 		p.order = nil // the cluster shrank
 	}
@@ -151,6 +160,7 @@ var (
 	nameRole      = proto.String("role")
 	nameNode      = proto.String("node")
 	nameZone      = proto.String("zone")
+	nameMultiZone = proto.String("multi_zone")
 )
 
 type pairKey struct {
@@ -212,6 +222,10 @@ func (p *Placement) render(j *topology.JobPlacement) *renderedJob {
 		split = 1
 	}
 	r.split = &gauge{desc: jobSplitDesc, m: dto.Metric{Gauge: p.value(split), Label: job}}
+	if j.MultiZone != "" {
+		r.multi = &gauge{desc: jobMultiZoneDesc, m: dto.Metric{Gauge: one, Label: []*dto.LabelPair{
+			name, {Name: nameMultiZone, Value: proto.String(j.MultiZone)}, ns}}}
+	}
 	return r
 }
 

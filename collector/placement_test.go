@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 
@@ -287,4 +288,78 @@ func TestGathererSamePage(t *testing.T) {
 	if _, err := collector.Gatherer(reg, p).Gather(); err == nil {
 		t.Error("a placement collector gathered twice is not an error")
 	}
+}
+
+// TestMultiZoneInfo: a job whose pods carry zonewatch.io/multi-zone (as a
+// label, or as an annotation) has zonewatch_job_multi_zone_info with its
+// value, through the registry and through Gatherer alike; other jobs have
+// none.
+func TestMultiZoneInfo(t *testing.T) {
+	s := sim.Default()
+	x := topology.NewIndex()
+	nodes, pods := s.KubeObjects()
+	for _, n := range nodes {
+		x.UpsertNode(kube.NodeFrom(n))
+	}
+	marked := map[string]string{} // job -> value
+	for _, p := range pods {
+		id := kube.PodFrom(topology.DefaultRules(), p).Identity
+		v, seen := marked[id.Name]
+		if id.Name != "" && !seen && len(marked) < 2 {
+			v, seen = "reviewed", true
+			if len(marked) == 0 {
+				v = topology.MultiZoneIntentional
+			}
+			marked[id.Name] = v
+		}
+		if seen {
+			p = p.DeepCopy()
+			if v == topology.MultiZoneIntentional {
+				p.Labels[topology.LabelMultiZone] = v
+			} else {
+				if p.Annotations == nil {
+					p.Annotations = map[string]string{}
+				}
+				p.Annotations[topology.LabelMultiZone] = v
+			}
+		}
+		x.UpsertPod(0, kube.PodFrom(topology.DefaultRules(), p))
+	}
+	if len(marked) != 2 {
+		t.Fatalf("marked %v, want two jobs", marked)
+	}
+	page := func(viaGatherer bool) []byte {
+		exp := collector.New(slog.New(slog.NewTextHandler(io.Discard, nil)))
+		p := collector.NewPlacement(x, "")
+		reg := prometheus.NewPedanticRegistry()
+		reg.MustRegister(exp)
+		var g prometheus.Gatherer = reg
+		if viaGatherer {
+			g = collector.Gatherer(reg, p)
+		} else {
+			exp.Add("placement", p)
+		}
+		return durationLine.ReplaceAll(render(t, g), []byte("$1 0"))
+	}
+	want, got := page(false), page(true)
+	if !bytes.Equal(got, want) {
+		t.Fatalf("Gatherer page differs:\n%s\nregistry page:\n%s", got, want)
+	}
+	var lines []string
+	for _, l := range strings.Split(string(got), "\n") {
+		if strings.HasPrefix(l, "zonewatch_job_multi_zone_info{") {
+			lines = append(lines, l)
+		}
+	}
+	if len(lines) != len(marked) {
+		t.Fatalf("%d multi-zone series, want %d:\n%s", len(lines), len(marked), strings.Join(lines, "\n"))
+	}
+	for job, v := range marked {
+		if !slices.ContainsFunc(lines, func(l string) bool {
+			return strings.Contains(l, `job_name="`+job+`",multi_zone="`+v+`"`) && strings.HasSuffix(l, " 1")
+		}) {
+			t.Errorf("no series for %s with multi_zone=%q:\n%s", job, v, strings.Join(lines, "\n"))
+		}
+	}
+	promtoolCheckMetrics(t, got)
 }

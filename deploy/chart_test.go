@@ -576,6 +576,17 @@ func wantEndpoint(t *testing.T, eps []any, job string) {
 	if !found {
 		t.Errorf("relabelings %v do not set job=%q", rls, job)
 	}
+	node := false
+	for _, r := range rls {
+		r := r.(map[string]any)
+		src, _ := r["sourceLabels"].([]any)
+		if r["targetLabel"] == "node" && len(src) == 1 && src[0] == "__meta_kubernetes_pod_node_name" {
+			node = true
+		}
+	}
+	if !node {
+		t.Errorf("relabelings %v do not set node from __meta_kubernetes_pod_node_name: the per-node alerts (ZonewatchExporterDown) would carry no node", rls)
+	}
 }
 
 // checkRBAC: the ClusterRole grants list and watch on pods and nodes

@@ -31,6 +31,10 @@ func Artifacts() ([]File, error) {
 	if err != nil {
 		return nil, err
 	}
+	schema, err := HelmValuesSchema()
+	if err != nil {
+		return nil, err
+	}
 	clusterCfg := DefaultConfig()
 	clusterCfg.ClusterLabel = ClusterTestLabel
 	cluster, err := Generate(clusterCfg)
@@ -41,6 +45,7 @@ func Artifacts() ([]File, error) {
 		{"rules/zonewatch.rules.yml", plain},
 		{"rules/prometheusrule.yaml", manifest},
 		{"rules/helm-values.yaml", values},
+		{"rules/helm-values.schema.json", schema},
 		{"rules/tests/zonewatch-cluster.rules.yml", cluster},
 		{"deploy/helm/zonewatch/templates/prometheusrule.yaml", helmTmpl},
 	}, nil

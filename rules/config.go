@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 )
@@ -64,9 +65,39 @@ type Config struct {
 	// are of every kind (before the server-side filter), so this bounds the
 	// share of zonewatch's flows lost from above.
 	HubbleLostEventsRatio float64
+	// SourceDownRollupNodes: a source down on at least this many nodes at
+	// once raises one ZonewatchSourceDownOnManyNodes, which holds back that
+	// source's per-node alerts (a GPU Operator upgrade restarts every
+	// node's dcgm-exporter).
+	SourceDownRollupNodes float64
+
+	// The idle-GPU page's floor: a blocked split job under it gets
+	// ZonewatchBlockedSplitJob (warning) instead of the page.
+	// IdleGPUPageMinGPUs: the page needs at least this many GPUs in the job.
+	IdleGPUPageMinGPUs float64
+	// IdleGPUPageMinDollarsPerHour: the page needs its idle GPUs to cost at
+	// least this much an hour (idle GPUs x GPUDollarsPerHour).
+	IdleGPUPageMinDollarsPerHour float64
+	// IdleGPUPageDropWindow: the page also needs drops between the job's
+	// own pods across zones within this window at every evaluation of its
+	// for:, so one burst (which keeps the 5m rate up for 5 minutes) does
+	// not page. 5m: the 5m rate alone decides.
+	IdleGPUPageDropWindow time.Duration
 
 	// For holds every alert's `for:` duration.
 	For ForDurations
+	// Severity is every alert's severity label (critical, warning, info),
+	// keyed as For is (idleGPUSplitJob, ...).
+	Severity map[string]string
+	// Disabled leaves out the alerts named (ZonewatchSplitZonePlacement:
+	// true), as kube-prometheus-stack's defaultRules.disabled does.
+	Disabled map[string]bool
+	// AdditionalRuleLabels and AdditionalRuleAnnotations are added to every
+	// alert (kube-prometheus-stack's defaultRules.additionalRuleLabels and
+	// additionalRuleAnnotations); they cannot replace severity, summary,
+	// description or runbook_url.
+	AdditionalRuleLabels      map[string]string
+	AdditionalRuleAnnotations map[string]string
 }
 
 // ForDurations are the alerts' `for:` durations. All must be positive
@@ -85,6 +116,9 @@ type ForDurations struct {
 	HubbleLostEvents      time.Duration
 	GPUSourceDown         time.Duration
 	ByteSourceUnavailable time.Duration
+	KubernetesSourceDown  time.Duration
+	IPCacheSourceDown     time.Duration
+	SourceDownOnManyNodes time.Duration
 }
 
 // DefaultConfig is the configuration of the committed rule files.
@@ -105,6 +139,33 @@ func DefaultConfig() Config {
 		SlowdownGPUUtilization:       0.5,
 		DropRate:                     0,
 		HubbleLostEventsRatio:        0.01,
+		SourceDownRollupNodes:        5,
+		IdleGPUPageMinGPUs:           1,
+		IdleGPUPageMinDollarsPerHour: 0,
+		// Longer than the scrape interval twice over (a rate needs two
+		// samples), shorter than the page's for: so a burst ages out.
+		IdleGPUPageDropWindow: 2 * time.Minute,
+		Severity: map[string]string{
+			"idleGPUSplitJob":   "critical",
+			"blockedSplitJob":   "warning",
+			"peerPolicyDrops":   "info",
+			"crossZoneSlowdown": "warning",
+			// warning, not info: kube-prometheus-stack's default
+			// Alertmanager config inhibits info alerts unless a warning
+			// fires in the same namespace (docs/rules.md).
+			"crossZoneCost":         "warning",
+			"splitZonePlacement":    "info",
+			"splitJobTrafficUnseen": "info",
+			"exporterDown":          "warning",
+			"exporterAbsent":        "warning",
+			"hubbleDisconnected":    "warning",
+			"hubbleLostEvents":      "warning",
+			"gpuSourceDown":         "warning",
+			"byteSourceUnavailable": "info",
+			"kubernetesSourceDown":  "warning",
+			"ipCacheSourceDown":     "warning",
+			"sourceDownOnManyNodes": "warning",
+		},
 		For: ForDurations{
 			// The page's evidence is conjunctive (split, own cross-zone
 			// traffic denied, idle GPUs): 4m after the first rate, so
@@ -125,6 +186,9 @@ func DefaultConfig() Config {
 			HubbleLostEvents:      15 * time.Minute,
 			GPUSourceDown:         10 * time.Minute,
 			ByteSourceUnavailable: 30 * time.Minute,
+			KubernetesSourceDown:  10 * time.Minute,
+			IPCacheSourceDown:     10 * time.Minute,
+			SourceDownOnManyNodes: 10 * time.Minute,
 		},
 	}
 }
@@ -158,18 +222,62 @@ func (c Config) Validate() error {
 		{"slowdown graphics engine active", c.SlowdownGraphicsEngineActive, 1},
 		{"slowdown GPU utilization", c.SlowdownGPUUtilization, 1},
 		{"Hubble lost events ratio", c.HubbleLostEventsRatio, 1},
+		{"source down rollup nodes", c.SourceDownRollupNodes, -1},
+		{"idle GPU page minimum GPUs", c.IdleGPUPageMinGPUs, -1},
+		{"idle GPU page minimum dollars per hour", c.IdleGPUPageMinDollarsPerHour, -1},
 	} {
 		if v.v < 0 || v.v != v.v || (v.limit > 0 && v.v > v.limit) {
 			errs = append(errs, fmt.Errorf("%s = %g: out of range", v.name, v.v))
 		}
 	}
+	if c.SourceDownRollupNodes < 1 {
+		errs = append(errs, fmt.Errorf("source down rollup nodes = %g: want at least 1", c.SourceDownRollupNodes))
+	}
+	if w := c.IdleGPUPageDropWindow; w < time.Second || w%time.Second != 0 {
+		errs = append(errs, fmt.Errorf("idle GPU page drop window = %s: want a whole number of seconds, at least 1s", w))
+	}
+	keys := map[string]bool{}
 	for _, f := range c.For.list() {
+		keys[f.name] = true
 		if f.d <= 0 || f.d%time.Millisecond != 0 {
 			errs = append(errs, fmt.Errorf("for %s = %s: want a positive whole number of milliseconds", f.name, f.d))
+		}
+		if s := c.Severity[f.name]; !severities[s] {
+			errs = append(errs, fmt.Errorf("severity %s = %q: want critical, warning or info", f.name, s))
+		}
+	}
+	for k := range c.Severity {
+		if !keys[k] {
+			errs = append(errs, fmt.Errorf("severity %s: no such alert (keys as in for)", k))
+		}
+	}
+	alerts := map[string]bool{}
+	for _, name := range AlertNames() {
+		alerts[name] = true
+	}
+	for name := range c.Disabled {
+		if !alerts[name] {
+			errs = append(errs, fmt.Errorf("disabled %s: no such alert", name))
+		}
+	}
+	for _, m := range []struct {
+		what     string
+		kv       map[string]string
+		reserved []string
+	}{
+		{"additional rule label", c.AdditionalRuleLabels, []string{"severity", "alertname"}},
+		{"additional rule annotation", c.AdditionalRuleAnnotations, []string{"summary", "description", "runbook_url"}},
+	} {
+		for k := range m.kv {
+			if !labelNameRE.MatchString(k) || slices.Contains(m.reserved, k) {
+				errs = append(errs, fmt.Errorf("%s %q: want a valid name other than %s", m.what, k, strings.Join(m.reserved, ", ")))
+			}
 		}
 	}
 	return errors.Join(errs...)
 }
+
+var severities = map[string]bool{"critical": true, "warning": true, "info": true}
 
 type namedDuration struct {
 	name string
@@ -191,6 +299,9 @@ func (f ForDurations) list() []namedDuration {
 		{"hubbleLostEvents", f.HubbleLostEvents},
 		{"gpuSourceDown", f.GPUSourceDown},
 		{"byteSourceUnavailable", f.ByteSourceUnavailable},
+		{"kubernetesSourceDown", f.KubernetesSourceDown},
+		{"ipCacheSourceDown", f.IPCacheSourceDown},
+		{"sourceDownOnManyNodes", f.SourceDownOnManyNodes},
 	}
 }
 

@@ -3,6 +3,8 @@ package rules
 import (
 	"bytes"
 	"fmt"
+	"maps"
+	"regexp"
 	"strconv"
 	"strings"
 
@@ -42,10 +44,18 @@ func knobs() []knob {
 		{"slowdownGPUUtilization", "GPU utilization (0..1) used where the GPU source reports only GPU_UTIL.", func(c Config) any { return c.SlowdownGPUUtilization }},
 		{"dropRate", "Cross-zone policy drops per second (between a job's own pods; toward other peers for ZonewatchPeerPolicyDrops) above which a job counts as blocked; 0 means any drop.", func(c Config) any { return c.DropRate }},
 		{"hubbleLostEventsRatio", "Lost Hubble events (of every kind) per flow zonewatch received on a node above which ZonewatchHubbleLostEvents fires.", func(c Config) any { return c.HubbleLostEventsRatio }},
+		{"sourceDownRollupNodes", "A source (kubernetes, hubble, gpu, podresources) down on at least this many nodes at once raises one ZonewatchSourceDownOnManyNodes and holds back that source's per-node alerts.", func(c Config) any { return c.SourceDownRollupNodes }},
+		{"idleGPUPageMinGPUs", "Page floor: ZonewatchIdleGPUSplitJob pages only for jobs with at least this many GPUs; a blocked split job under a floor gets ZonewatchBlockedSplitJob (warning) instead.", func(c Config) any { return c.IdleGPUPageMinGPUs }},
+		{"idleGPUPageMinDollarsPerHour", "Page floor: the page needs the job's idle GPUs to cost at least this much an hour (USD, idle GPUs x gpuDollarsPerHour); 0: no floor.", func(c Config) any { return c.IdleGPUPageMinDollarsPerHour }},
+		{"idleGPUPageDropWindow", "Page floor: the page also needs drops between the job's own pods across zones within this window (a Prometheus duration) at every evaluation of its for:, so one burst of drops (which keeps the 5m rate up for 5 minutes) does not page; 5m: the 5m rate alone.", func(c Config) any { return promDuration(c.IdleGPUPageDropWindow) }},
 	}
 	for i, f := range DefaultConfig().For.list() {
 		i := i
 		k = append(k, knob{"for." + f.name, "", func(c Config) any { return promDuration(c.For.list()[i].d) }})
+	}
+	for _, f := range DefaultConfig().For.list() {
+		name := f.name
+		k = append(k, knob{"severity." + name, "", func(c Config) any { return c.Severity[name] }})
 	}
 	return k
 }
@@ -110,6 +120,13 @@ func render(groups []group, f func(string) string) []group {
 		for j, r := range g.Rules {
 			r.Expr = block(f(string(r.Expr)))
 			r.For = f(r.For)
+			if r.Labels != nil {
+				labels := make(map[string]string, len(r.Labels))
+				for k, v := range r.Labels {
+					labels[k] = f(v)
+				}
+				r.Labels = labels
+			}
 			if a := r.Annotations; a != nil {
 				r.Annotations = &annotations{
 					Summary:     f(a.Summary),
@@ -119,6 +136,35 @@ func render(groups []group, f func(string) string) []group {
 			}
 			out[i].Rules[j] = r
 		}
+	}
+	return out
+}
+
+// customize applies the per-alert knobs that are not tokens: disabled
+// alerts are left out, and every alert gets the additional labels and
+// annotations.
+func customize(groups []group, cfg Config) []group {
+	out := make([]group, 0, len(groups))
+	for _, g := range groups {
+		kept := group{Name: g.Name, Rules: []rule{}}
+		for _, r := range g.Rules {
+			if r.Alert != "" {
+				if cfg.Disabled[r.Alert] {
+					continue
+				}
+				labels := maps.Clone(r.Labels)
+				maps.Copy(labels, cfg.AdditionalRuleLabels)
+				maps.Copy(labels, r.Labels) // severity wins
+				r.Labels = labels
+				if len(cfg.AdditionalRuleAnnotations) > 0 {
+					a := *r.Annotations
+					a.Extra = maps.Clone(cfg.AdditionalRuleAnnotations)
+					r.Annotations = &a
+				}
+			}
+			kept.Rules = append(kept.Rules, r)
+		}
+		out = append(out, kept)
 	}
 	return out
 }
@@ -140,7 +186,7 @@ func configuredGroups(cfg Config) ([]group, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("invalid rules config: %w", err)
 	}
-	groups := render(definitions(), plainReplacer(cfg).Replace)
+	groups := customize(render(definitions(), plainReplacer(cfg).Replace), cfg)
 	for _, g := range groups {
 		for _, r := range g.Rules {
 			if s := fmt.Sprint(r); strings.Contains(s, "@@") {
@@ -230,20 +276,55 @@ metadata:
 spec:
 `
 
+// Sentinels where the Helm template adds the additional labels and
+// annotations of every alert.
+const (
+	extraLabels      = "@@additionalRuleLabels@@"
+	extraAnnotations = "@@additionalRuleAnnotations@@"
+)
+
+var sentinelLine = regexp.MustCompile(`(?m)^( *)'(@@additionalRule(?:Labels|Annotations)@@)': ""\n`)
+
 // HelmTemplate returns the chart's PrometheusRule template: the same rules
-// with every Config knob read from .Values.rules.
+// with every Config knob read from .Values.rules, each alert left out when
+// rules.disabled names it, and rules.additionalRuleLabels and
+// rules.additionalRuleAnnotations added to every alert.
 func HelmTemplate() ([]byte, error) {
-	body, err := marshal(ruleFile{Groups: render(definitions(), helmTemplate)})
-	if err != nil {
-		return nil, err
-	}
 	var b bytes.Buffer
 	b.WriteString(helmHeader)
-	for _, line := range strings.SplitAfter(string(body), "\n") {
-		if strings.TrimSpace(line) != "" {
-			b.WriteString("  ")
+	b.WriteString("  groups:\n")
+	for _, g := range render(definitions(), helmTemplate) {
+		fmt.Fprintf(&b, "    - name: %s\n      rules:\n", g.Name)
+		for _, r := range g.Rules {
+			if r.Alert != "" {
+				r.Labels = maps.Clone(r.Labels)
+				r.Labels[extraLabels] = ""
+				a := *r.Annotations
+				a.Extra = map[string]string{extraAnnotations: ""}
+				r.Annotations = &a
+			}
+			body, err := marshal([]rule{r})
+			if err != nil {
+				return nil, err
+			}
+			var text strings.Builder
+			for _, line := range strings.SplitAfter(string(body), "\n") {
+				if strings.TrimSpace(line) != "" {
+					text.WriteString("        ")
+				}
+				text.WriteString(line)
+			}
+			out := sentinelLine.ReplaceAllStringFunc(text.String(), func(line string) string {
+				m := sentinelLine.FindStringSubmatch(line)
+				value := strings.Trim(m[2], "@")
+				return fmt.Sprintf("%s{{- with .Values.rules.%s }}{{ toYaml . | nindent %d }}{{- end }}\n", m[1], value, len(m[1]))
+			})
+			if r.Alert == "" {
+				b.WriteString(out)
+				continue
+			}
+			fmt.Fprintf(&b, "        {{- if not (index .Values.rules.disabled %q) }}\n%s        {{- end }}\n", r.Alert, out)
 		}
-		b.WriteString(line)
 	}
 	b.WriteString("{{- end }}\n")
 	return b.Bytes(), nil
@@ -255,6 +336,7 @@ func HelmValues() ([]byte, error) {
 	cfg := DefaultConfig()
 	rulesNode := &yaml.Node{Kind: yaml.MappingNode}
 	forNode := &yaml.Node{Kind: yaml.MappingNode}
+	severityNode := &yaml.Node{Kind: yaml.MappingNode}
 	for _, k := range knobs() {
 		val := &yaml.Node{}
 		if err := val.Encode(k.value(cfg)); err != nil {
@@ -264,13 +346,26 @@ func HelmValues() ([]byte, error) {
 			forNode.Content = append(forNode.Content, &yaml.Node{Kind: yaml.ScalarNode, Value: name}, val)
 			continue
 		}
+		if name, ok := strings.CutPrefix(k.key, "severity."); ok {
+			severityNode.Content = append(severityNode.Content, &yaml.Node{Kind: yaml.ScalarNode, Value: name}, val)
+			continue
+		}
 		rulesNode.Content = append(rulesNode.Content, &yaml.Node{Kind: yaml.ScalarNode, Value: k.key, HeadComment: k.doc}, val)
 	}
+	emptyMap := func() *yaml.Node { return &yaml.Node{Kind: yaml.MappingNode, Style: yaml.FlowStyle} }
 	rulesNode.Content = append(rulesNode.Content,
 		&yaml.Node{Kind: yaml.ScalarNode, Value: "for", HeadComment: "How long each alert's condition must hold before it fires (Prometheus durations)."},
-		forNode)
+		forNode,
+		&yaml.Node{Kind: yaml.ScalarNode, Value: "severity", HeadComment: "Each alert's severity label: critical, warning or info. kube-prometheus-stack's default\nAlertmanager config inhibits info alerts unless a warning or critical alert fires in\nthe same namespace (docs/rules.md#kube-prometheus-stack)."},
+		severityNode,
+		&yaml.Node{Kind: yaml.ScalarNode, Value: "disabled", HeadComment: "Alerts left out, by name, as kube-prometheus-stack's defaultRules.disabled,\ne.g. ZonewatchSplitZonePlacement: true."},
+		emptyMap(),
+		&yaml.Node{Kind: yaml.ScalarNode, Value: "additionalRuleLabels", HeadComment: "Labels added to every alert (not severity), as kube-prometheus-stack's\ndefaultRules.additionalRuleLabels, e.g. team: ml-platform."},
+		emptyMap(),
+		&yaml.Node{Kind: yaml.ScalarNode, Value: "additionalRuleAnnotations", HeadComment: "Annotations added to every alert (not summary, description, runbook_url)."},
+		emptyMap(),
+	)
 
-	emptyMap := func() *yaml.Node { return &yaml.Node{Kind: yaml.MappingNode, Style: yaml.FlowStyle} }
 	prNode := &yaml.Node{Kind: yaml.MappingNode, Content: []*yaml.Node{
 		{Kind: yaml.ScalarNode, Value: "enabled", HeadComment: "Create the PrometheusRule (needs the Prometheus Operator CRDs)."},
 		{Kind: yaml.ScalarNode, Tag: "!!bool", Value: "true"},

@@ -90,7 +90,24 @@ const (
 	AlertHubbleLostEvents      = "ZonewatchHubbleLostEvents"
 	AlertGPUSourceDown         = "ZonewatchGPUSourceDown"
 	AlertByteSourceUnavailable = "ZonewatchByteSourceUnavailable"
+	AlertKubernetesSourceDown  = "ZonewatchKubernetesSourceDown"
+	AlertIPCacheSourceDown     = "ZonewatchIPCacheSourceDown"
+	AlertSourceDownOnManyNodes = "ZonewatchSourceDownOnManyNodes"
 )
+
+// AlertNames lists every alert of the rule pack, in the order of the rule
+// file.
+func AlertNames() []string {
+	var out []string
+	for _, g := range definitions() {
+		for _, r := range g.Rules {
+			if r.Alert != "" {
+				out = append(out, r.Alert)
+			}
+		}
+	}
+	return out
+}
 
 type group struct {
 	Name  string `yaml:"name"`
@@ -107,9 +124,10 @@ type rule struct {
 }
 
 type annotations struct {
-	Summary     string `yaml:"summary"`
-	Description block  `yaml:"description"`
-	RunbookURL  string `yaml:"runbook_url"`
+	Summary     string            `yaml:"summary"`
+	Description block             `yaml:"description"`
+	RunbookURL  string            `yaml:"runbook_url"`
+	Extra       map[string]string `yaml:",inline"`
 }
 
 // Label sets and selectors used throughout.
@@ -158,23 +176,35 @@ var (
 	// the in-zone baseline; empty where the exporters do not probe.
 	jobRTT         = `{{ with query ` + perJob(RecJobZonePairRTT) + ` }} It crosses {{ range $i, $s := . | sortByLabel "dst_zone" | sortByLabel "src_zone" }}{{ if $i }}, {{ end }}{{ $s.Labels.src_zone }} -> {{ $s.Labels.dst_zone }} at {{ $s.Value | humanizeDuration }} p50{{ end }}{{ with query ` + perJob(RecJobInZoneRTT) + ` }} vs {{ . | first | value | humanizeDuration }} inside a zone{{ end }}.{{ end }}`
 	activitySignal = `{{ with query ` + perJob(RecGPUActivity) + ` }}{{ . | first | label "signal" }}{{ end }}`
-	jobBusy        = `{{ with query ` + perJob(RecGPUBusy) + ` }}Its GPUs are not idle ({{ . | first | value | humanizePercentage }} busy): NCCL kernels spinning on the blocked network keep GPU_UTIL up while nothing trains.{{ else }}zonewatch sees no GPU activity for it: no GPU telemetry, or the GPU source is off or down.{{ end }}`
+	jobBusy        = `{{ with query ` + perJobWhere(RecGPUBusy, ` < `+tok("idleGPUUtilization")) + ` }}Its GPUs are idle ({{ . | first | value | humanizePercentage }} busy), but it is under the idle-GPU page's floor (at least ` + tok("idleGPUPageMinGPUs") + ` GPUs, idle GPUs costing at least $` + tok("idleGPUPageMinDollarsPerHour") + ` an hour, drops within every ` + tok("idleGPUPageDropWindow") + `).{{ else }}{{ with query ` + perJob(RecGPUBusy) + ` }}Its GPUs are not idle ({{ . | first | value | humanizePercentage }} busy): NCCL kernels spinning on the blocked network keep GPU_UTIL up while nothing trains.{{ else }}zonewatch sees no GPU activity for it: no GPU telemetry, or the GPU source is off or down.{{ end }}{{ end }}`
 )
 
 // Job conditions shared by several alerts. Each yields one series per job.
 var (
-	condSplit = RecJobSplitZone + ` == 1`
+	// A job whose pods say they are placed across zones on purpose
+	// (zonewatch.io/multi-zone: intentional) is no split job: every job
+	// alert reads this (the cost alert: optedOut).
+	condSplit = `(` + RecJobSplitZone + ` == 1 ` + optedOut + `)`
+	optedOut  = `unless on (` + byJob + `) zonewatch_job_multi_zone_info` + sel(`multi_zone="intentional"`)
 	// Policy drops on cross-zone traffic between the job's own pods.
 	condCrossZoneDrops = RecOwnCrossZonePolicyDrops + ` > ` + tok("dropRate")
 	// Value: RecGPUBusy. Idle asks whether anything runs, so the signals
 	// that read high when anything runs come first: a GPU spinning in NCCL
 	// is not paged as idle (the blocked alert covers it).
-	condIdle            = RecGPUBusy + ` < ` + tok("idleGPUUtilization")
+	condIdle = RecGPUBusy + ` < ` + tok("idleGPUUtilization")
+	// The page's floor (rules.idleGPUPage*): drops still coming within
+	// the drop window, enough GPUs, enough idle spend. A job under it
+	// gets the blocked ticket, whose condition excludes this one.
 	condIdleGPUSplitJob = condIdle + `
 and on (` + byJob + `) (` + condSplit + `)
 and on (` + byJob + `) (
   ` + condCrossZoneDrops + `
-)`
+)
+and on (` + byJob + `) (
+  sum by (` + byJob + `) (rate(zonewatch_job_policy_drops_total` + sel(crossZone, `peer="job"`) + `[` + tok("idleGPUPageDropWindow") + `])) > ` + tok("dropRate") + `
+)
+unless on (` + byJob + `) (` + RecGPUs + ` < ` + tok("idleGPUPageMinGPUs") + `)
+unless on (` + byJob + `) (` + RecSplitIdleGPUCost + ` < ` + tok("idleGPUPageMinDollarsPerHour") + `)`
 	// Value: the job's activity signal, each with its own threshold.
 	condSlowdown = `max without (signal) (
   ` + RecGPUActivity + `{signal="sm_active"} < ` + tok("slowdownSMActive") + `
@@ -223,6 +253,20 @@ unless on (` + byJob + `) (
 and on (` + byJob + `) (` + condSplit + `)`
 )
 
+// The rollup of the per-node source alerts: a source down on many nodes at
+// once is one alert, and the per-node ones hold back (unless) meanwhile.
+// conntrack and ipcache are left out: their alerts need traffic they
+// fail to count or place (clusters without conntrack accounting have it
+// down everywhere; without the ipcache the pod CIDRs often suffice).
+var (
+	condRollup = `count by (source` + tClusterBy + `) (
+  zonewatch_source_up` + sel(`source=~"kubernetes|hubble|gpu|podresources"`) + ` == 0
+) >= ` + tok("sourceDownRollupNodes")
+	exceptRollup = `unless on (source` + tClusterBy + `) (
+` + indent(condRollup) + `
+)`
+)
+
 // nodeOf joins a per-exporter expression with the node of the training job
 // pods that exporter hosts: it names the node and keeps nodes without job
 // pods (where nothing zonewatch watches can break) out of the alerts.
@@ -240,12 +284,14 @@ func nodeOf(expr, podMatchers string) string {
 
 func runbook(anchor string) string { return tRunbook + "#" + anchor }
 
-func alertRule(name, severity, forKey, expr, summary, description string) rule {
+// alertRule is an alert whose for: and severity are the knobs
+// for.<forKey> and severity.<forKey>.
+func alertRule(name, forKey, expr, summary, description string) rule {
 	return rule{
 		Alert:  name,
 		Expr:   block(expr),
 		For:    tok("for." + forKey),
-		Labels: map[string]string{"severity": severity},
+		Labels: map[string]string{"severity": tok("severity." + forKey)},
 		Annotations: &annotations{
 			Summary:     summary,
 			Description: block(description),
@@ -337,23 +383,24 @@ or ` + RecGPUTensorActive)},
 	recording.Rules = append(recording.Rules, probeRules()...)
 
 	jobs := group{Name: "zonewatch.jobs", Rules: []rule{
-		alertRule(AlertIdleGPUSplitJob, "critical", "idleGPUSplitJob", condIdleGPUSplitJob,
+		alertRule(AlertIdleGPUSplitJob, "idleGPUSplitJob", condIdleGPUSplitJob,
 			"A training job split across zones is blocked by a network policy while its GPUs sit idle.",
 			jobName+` is split across zones (`+jobZones+`) and Cilium drops its cross-zone traffic (`+jobDrops+`). Its GPUs average {{ $value | humanizePercentage }} utilization`+jobIdleGPUCost+`.`),
-		alertRule(AlertBlockedSplitJob, "warning", "blockedSplitJob", condBlocked,
+		alertRule(AlertBlockedSplitJob, "blockedSplitJob", condBlocked,
 			"A training job split across zones is blocked by a network policy between its own pods.",
 			jobName+` is split across zones (`+jobZones+`) and Cilium drops traffic between its own pods across zones (`+jobDrops+`): it cannot make progress. `+jobBusy+` The idle-GPU page cannot fire for it; this ticket stands in.`),
-		alertRule(AlertCrossZoneSlowdown, "warning", "crossZoneSlowdown", condSlowdown,
+		alertRule(AlertCrossZoneSlowdown, "crossZoneSlowdown", condSlowdown,
 			"A training job split across zones is slowed down by cross-zone traffic.",
 			jobName+` is split across zones (`+jobZones+`) and its traffic crosses zones (`+jobBytes+`) without policy drops between its pods. Its GPU activity averages {{ $value | humanizePercentage }} (`+activitySignal+`): collectives are likely waiting on the inter-zone round trip.`+jobRTT),
-		alertRule(AlertPeerPolicyDrops, "info", "peerPolicyDrops", condPeerDrops,
+		alertRule(AlertPeerPolicyDrops, "peerPolicyDrops", condPeerDrops,
 			"Cilium drops a split training job's cross-zone traffic with peers outside the job.",
 			jobName+` is split across zones (`+jobZones+`) and Cilium drops its cross-zone traffic with peers outside the job (`+jobPeerDrops+`). Co-locating the job does not fix these drops: the policy, or the peer's zone, does.`),
-		alertRule(AlertCrossZoneCost, "info", "crossZoneCost",
-			RecCrossZoneCost+` * 24 > `+tok("crossZoneDailyBudgetDollars"),
+		alertRule(AlertCrossZoneCost, "crossZoneCost",
+			RecCrossZoneCost+` * 24 > `+tok("crossZoneDailyBudgetDollars")+`
+`+optedOut,
 			"A training job's projected cross-zone transfer spend is over budget.",
 			jobName+` sends `+jobBytes+` across zones (`+jobZones+`). At this rate its cross-zone transfer costs ${{ $value | printf "%.2f" }} a day, over the budget of $`+tok("crossZoneDailyBudgetDollars")+` a day.`),
-		alertRule(AlertSplitZonePlacement, "info", "splitZonePlacement", `(`+condSplit+`)
+		alertRule(AlertSplitZonePlacement, "splitZonePlacement", `(`+condSplit+`)
 and on (`+byJob+`) (`+RecGPUs+` > 0)
 unless on (`+byJob+`) (
   `+condCrossZoneDrops+`
@@ -369,27 +416,27 @@ unless on (`+byJob+`) (
 )`,
 			"A GPU training job runs across zones.",
 			jobName+` has pods in more than one zone (`+jobZones+`). No blocked traffic or slowdown is visible yet, but its collectives cross zones: constrain the job to one zone.`),
-		alertRule(AlertSplitJobTrafficUnseen, "info", "splitJobTrafficUnseen", RecJobUnseenNetwork,
+		alertRule(AlertSplitJobTrafficUnseen, "splitJobTrafficUnseen", RecJobUnseenNetwork,
 			"A busy training job split across zones exchanges no traffic between its pods that Cilium sees.",
 			jobName+` is split across zones (`+jobZones+`) and its GPUs are {{ $value | humanizePercentage }} busy, yet Hubble, connected on its nodes, sees no flow between its pods in any zone. Its collectives most likely run over RDMA (EFA, InfiniBand, RoCE) or a secondary network that Cilium does not see: the absence of policy drops and cross-zone bytes does not mean it is healthy, and zonewatch cannot measure what its zone hop costs.`),
 	}}
 
 	health := group{Name: "zonewatch.health", Rules: []rule{
-		alertRule(AlertExporterDown, "warning", "exporterDown", `up`+sel()+` == 0`,
+		alertRule(AlertExporterDown, "exporterDown", `up`+sel()+` == 0`,
 			"Prometheus cannot scrape a zonewatch exporter.",
-			`zonewatch at {{ $labels.instance }}{{ with $labels.pod }} (pod {{ . }}){{ end }} cannot be scraped: the training jobs on its node are not watched.`),
-		alertRule(AlertExporterAbsent, "warning", "exporterAbsent", `absent(up`+sel()+`)`,
+			`zonewatch at {{ $labels.instance }}{{ with $labels.pod }} (pod {{ . }}){{ end }}{{ with $labels.node }} on node {{ . }}{{ end }} cannot be scraped: the training jobs on its node are not watched.`),
+		alertRule(AlertExporterAbsent, "exporterAbsent", `absent(up`+sel()+`)`,
 			"No zonewatch exporter is scraped.",
 			`Prometheus has no target matching `+sel()+`: zonewatch is not deployed, or this Prometheus does not select its PodMonitor. No other zonewatch alert can fire.`),
-		alertRule(AlertHubbleDisconnected, "warning", "hubbleDisconnected",
-			nodeOf(`zonewatch_source_up`+sel(`source="hubble"`)+` == 0`, ""),
+		alertRule(AlertHubbleDisconnected, "hubbleDisconnected",
+			nodeOf(`zonewatch_source_up`+sel(`source="hubble"`)+` == 0`, "")+"\n"+exceptRollup,
 			"zonewatch is not connected to Hubble on a node with training jobs.",
 			`zonewatch on node {{ $labels.node }} ({{ $labels.instance }}) is not connected to Hubble: policy drops and cross-zone flows of the training jobs on this node are not counted.`),
 		// Lost events are of every event kind, before zonewatch's filter;
 		// processed flows passed it. Their ratio is lost events per flow
 		// received, not a share of one population: an upper bound of the
 		// share of zonewatch's flows lost (docs/runbooks.md).
-		alertRule(AlertHubbleLostEvents, "warning", "hubbleLostEvents",
+		alertRule(AlertHubbleLostEvents, "hubbleLostEvents",
 			nodeOf(`sum by (`+byInstance+`) (rate(zonewatch_hubble_lost_events_total`+sel()+`[5m]))
   /
   sum by (`+byInstance+`) (rate(zonewatch_hubble_flows_processed_total`+sel()+`[5m]))
@@ -397,15 +444,34 @@ unless on (`+byJob+`) (
 			"Hubble is losing flow events on a node with training jobs.",
 			`Hubble reported {{ $value | humanizePercentage }} as many lost events as the flows zonewatch received on node {{ $labels.node }} ({{ $labels.instance }}). Lost events are of every kind, so this overstates the share of zonewatch's flows lost, but some policy drops and flows of the training jobs there are not counted.`),
 		// Only nodes with GPU workers: a coordinator may run on a node without GPUs.
-		alertRule(AlertGPUSourceDown, "warning", "gpuSourceDown",
-			nodeOf(`zonewatch_source_up`+sel(`source=~"gpu|podresources"`)+` == 0`, `role="worker"`),
+		alertRule(AlertGPUSourceDown, "gpuSourceDown",
+			nodeOf(`zonewatch_source_up`+sel(`source=~"gpu|podresources"`)+` == 0`, `role="worker"`)+"\n"+exceptRollup,
 			"zonewatch cannot read GPU metrics on a node with training jobs.",
 			`The {{ $labels.source }} source of zonewatch on node {{ $labels.node }} ({{ $labels.instance }}) is down: GPU activity of the training jobs on this node is unknown, so the idle-GPU and slowdown alerts cannot fire for them.`),
-		alertRule(AlertByteSourceUnavailable, "info", "byteSourceUnavailable",
+		alertRule(AlertByteSourceUnavailable, "byteSourceUnavailable",
 			nodeOf(`sum by (`+byInstance+`) (rate(zonewatch_job_flow_events_total`+sel(crossZone)+`[5m])) > 0
   and on (`+byInstance+`) (zonewatch_source_up`+sel(`source="conntrack"`)+` == 0)`, ""),
 			"zonewatch cannot count cross-zone bytes while Hubble sees cross-zone traffic.",
 			`zonewatch on node {{ $labels.node }} ({{ $labels.instance }}) cannot read Cilium's conntrack byte counters while Hubble sees {{ $value | printf "%.2f" }} cross-zone flow events/s there: cross-zone bytes and their cost are not measured. Turn conntrack accounting on the way the node's Cilium version needs: 1.17 and later, Helm bpf.ctAccounting=true (agent flag --bpf-conntrack-accounting) and restart the agents; 1.16, cilium-dbg config ConntrackAccounting=Enabled in every agent pod, again after every agent restart; 1.14/1.15 count by default (if someone disabled it, the same command). The exporter's log on that node names the way for what it sees.`),
+		// Every exporter, job pods or not: without its informers it knows
+		// no pod, so it cannot tell whether its node has any. The node
+		// label is the target's (the chart's scrape relabeling).
+		alertRule(AlertKubernetesSourceDown, "kubernetesSourceDown",
+			`zonewatch_source_up`+sel(`source="kubernetes"`)+` == 0
+`+exceptRollup,
+			"zonewatch cannot watch the Kubernetes API on a node.",
+			`zonewatch at {{ $labels.instance }}{{ with $labels.node }} on node {{ . }}{{ end }} has not synced its Kubernetes informers: it places no pod, so the training jobs on its node are not watched (no placement, and their drops, flows and bytes are not counted to them).`),
+		// Only where it costs something: without the ipcache the pod
+		// CIDRs place remote pods (and flows), except where pods take
+		// addresses outside them (ENI-style IPAM): then flows go unplaced.
+		alertRule(AlertIPCacheSourceDown, "ipCacheSourceDown",
+			nodeOf(`sum by (`+byInstance+`) (rate(zonewatch_hubble_flows_unresolved_total`+sel()+`[5m])) > 0
+  and on (`+byInstance+`) (zonewatch_source_up`+sel(`source="ipcache"`)+` == 0)`, ""),
+			"zonewatch cannot read Cilium's ipcache on a node where flows go unplaced.",
+			`zonewatch on node {{ $labels.node }} ({{ $labels.instance }}) cannot read the node's Cilium ipcache map, and {{ $value | printf "%.2f" }} flows/s there have a cluster address it cannot place: pods it does not watch (other jobs' pods, other workloads) are placed by the nodes' pod CIDRs only, which do not hold them where pods take addresses outside them (ENI-style IPAM). Drops, flows and bytes of the training jobs here with such peers count to an unknown zone.`),
+		alertRule(AlertSourceDownOnManyNodes, "sourceDownOnManyNodes", condRollup,
+			"A zonewatch source is down on many nodes at once.",
+			`The {{ $labels.source }} source of zonewatch is down on {{ $value }} nodes (at least `+tok("sourceDownRollupNodes")+`): a cause common to them (an upgrade of Cilium or the GPU Operator, a chart or RBAC change) rather than one node. The per-node alerts of this source are held back while this fires; zonewatch_source_up{source="{{ $labels.source }}"} == 0 lists the nodes.`),
 	}}
 	return []group{recording, jobs, health}
 }

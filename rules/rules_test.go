@@ -93,6 +93,16 @@ func TestValidate(t *testing.T) {
 		"ratio over 1":        func(c *Config) { c.SlowdownSMActive = 50 },
 		"zero for":            func(c *Config) { c.For.IdleGPUSplitJob = 0 },
 		"sub-millisecond for": func(c *Config) { c.For.CrossZoneCost = time.Microsecond },
+		"severity page":       func(c *Config) { c.Severity["crossZoneCost"] = "page" },
+		"severity missing":    func(c *Config) { delete(c.Severity, "exporterDown") },
+		"severity unknown":    func(c *Config) { c.Severity["noSuchAlert"] = "info" },
+		"disabled unknown":    func(c *Config) { c.Disabled = map[string]bool{"ZonewatchNoSuchAlert": true} },
+		"label severity":      func(c *Config) { c.AdditionalRuleLabels = map[string]string{"severity": "low"} },
+		"label name":          func(c *Config) { c.AdditionalRuleLabels = map[string]string{"team-name": "x"} },
+		"annotation summary":  func(c *Config) { c.AdditionalRuleAnnotations = map[string]string{"summary": "x"} },
+		"rollup of 0 nodes":   func(c *Config) { c.SourceDownRollupNodes = 0 },
+		"drop window 0":       func(c *Config) { c.IdleGPUPageDropWindow = 0 },
+		"negative min GPUs":   func(c *Config) { c.IdleGPUPageMinGPUs = -1 },
 	} {
 		c := DefaultConfig()
 		mutate(&c)
@@ -164,6 +174,7 @@ func TestShortForDurations(t *testing.T) {
 		SplitZonePlacement: 8 * time.Second, ExporterDown: 9 * time.Second, ExporterAbsent: 10 * time.Second,
 		HubbleDisconnected: 11 * time.Second, HubbleLostEvents: 12 * time.Second, GPUSourceDown: 13 * time.Second,
 		ByteSourceUnavailable: 1500 * time.Millisecond, SplitJobTrafficUnseen: 16 * time.Second,
+		KubernetesSourceDown: 17 * time.Second, IPCacheSourceDown: 18 * time.Second, SourceDownOnManyNodes: 19 * time.Second,
 	}
 	got := map[string]string{}
 	for _, r := range generate(t, cfg) {
@@ -177,6 +188,7 @@ func TestShortForDurations(t *testing.T) {
 		AlertSplitZonePlacement: "8s", AlertExporterDown: "9s", AlertExporterAbsent: "10s",
 		AlertHubbleDisconnected: "11s", AlertHubbleLostEvents: "12s", AlertGPUSourceDown: "13s",
 		AlertByteSourceUnavailable: "1s500ms", AlertSplitJobTrafficUnseen: "16s",
+		AlertKubernetesSourceDown: "17s", AlertIPCacheSourceDown: "18s", AlertSourceDownOnManyNodes: "19s",
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("for durations = %v, want %v", got, want)
@@ -296,8 +308,8 @@ func TestConventions(t *testing.T) {
 			t.Errorf("%s: runbook_url %q does not point at a section of docs/runbooks.md", r.Alert, url)
 		}
 	}
-	if alerts != 13 {
-		t.Errorf("%d alerts, want 13", alerts)
+	if want := len(AlertNames()); alerts != want || want != 16 {
+		t.Errorf("%d alerts, AlertNames %d, want 16", alerts, want)
 	}
 	for _, name := range []string{
 		"namespace_job_name:zonewatch_job_zones:max",
@@ -569,5 +581,43 @@ func TestBlockedNeverWithPage(t *testing.T) {
 		if !strings.Contains(exprs[name], RecOwnCrossZonePolicyDrops) || strings.Contains(exprs[name], RecPolicyDrops) {
 			t.Errorf("%s does not read the own-pods drops only:\n%s", name, exprs[name])
 		}
+	}
+}
+
+// TestJobAlertsHonourOptOut: every alert of the zonewatch.jobs group leaves
+// out the jobs marked zonewatch.io/multi-zone: intentional.
+func TestJobAlertsHonourOptOut(t *testing.T) {
+	groups, err := configuredGroups(DefaultConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	const clause = `unless on (namespace, job_name) zonewatch_job_multi_zone_info{job="zonewatch", multi_zone="intentional"}`
+	recorded := map[string]string{}
+	for _, g := range groups {
+		for _, r := range g.Rules {
+			if r.Record != "" {
+				recorded[r.Record] += string(r.Expr)
+			}
+		}
+	}
+	n := 0
+	for _, g := range groups {
+		if g.Name != "zonewatch.jobs" {
+			continue
+		}
+		for _, r := range g.Rules {
+			n++
+			// An alert that is a recording rule's output: that rule's expression.
+			expr := string(r.Expr)
+			if rec, ok := recorded[strings.TrimSpace(expr)]; ok {
+				expr = rec
+			}
+			if !strings.Contains(expr, clause) {
+				t.Errorf("%s does not leave out intentional multi-zone jobs:\n%s", r.Alert, r.Expr)
+			}
+		}
+	}
+	if n != 7 {
+		t.Errorf("%d job alerts, want 7", n)
 	}
 }

@@ -132,7 +132,9 @@ func (b *builder) pod(ns, name, node string, gpus int) Pod {
 // Default is the built-in scenario: three zones, GPU and CPU nodes, and one
 // job for each symptom plus a healthy one and non-job traffic.
 //
-//   - ml-team/resnet-healthy: PyTorchJob, all pods in zone a, GPUs busy.
+//   - ml-team/resnet-healthy: PyTorchJob, all pods in zone a, GPUs busy;
+//     its pods may span zones (zonewatch.io/multi-zone: intentional), so
+//     zonewatch_job_multi_zone_info has a series; it changes no alert.
 //   - ml-team/llm-blocked: PyTorchJob, master in zone b, workers in zone a;
 //     the policy ml-team/zone-isolation drops worker -> master; GPUs idle.
 //   - research/bert-slow: JobSet, rank 0 in zone c, workers in zone a;
@@ -198,9 +200,13 @@ func Default() *Scenario {
 		}
 		return j
 	}
+	resnet := pytorch("ml-team", "resnet-healthy", "gpu-a1", []string{"gpu-a1", "gpu-a2"},
+		Behaviour{FlowsPerSecond: 2, BytesPerSecond: 50e6, GPUUtil: 0.93, SMActive: 0.81, TensorActive: 0.55})
+	for _, p := range resnet.Pods {
+		p.Labels["zonewatch.io/multi-zone"] = "intentional"
+	}
 	s.Jobs = append(s.Jobs,
-		pytorch("ml-team", "resnet-healthy", "gpu-a1", []string{"gpu-a1", "gpu-a2"},
-			Behaviour{FlowsPerSecond: 2, BytesPerSecond: 50e6, GPUUtil: 0.93, SMActive: 0.81, TensorActive: 0.55}),
+		resnet,
 		pytorch("ml-team", "llm-blocked", "gpu-b1", []string{"gpu-a2", "gpu-a2"},
 			Behaviour{BlockedBy: "ml-team/zone-isolation", FlowsPerSecond: 1, GPUUtil: 0.01, SMActive: 0.0, TensorActive: 0}),
 	)

@@ -17,6 +17,15 @@ const (
 // (PodIndexLabel).
 const LabelCompletionIndex = "batch.kubernetes.io/job-completion-index"
 
+// LabelMultiZone, a label or annotation on a job's pods, says the job is
+// placed across zones on purpose when its value is MultiZoneIntentional
+// (LeaderWorkerSet or RayService serving): the job alerts leave it out
+// (zonewatch_job_multi_zone_info, docs/rules.md).
+const (
+	LabelMultiZone       = "zonewatch.io/multi-zone"
+	MultiZoneIntentional = "intentional"
+)
+
 // Identity says which training job a pod belongs to.
 type Identity struct {
 	Kind        string // owning controller: PyTorchJob, MPIJob, JobSet, TrainJob, Job, ...
@@ -33,6 +42,8 @@ type Identity struct {
 	// MinPods: a job with fewer pods is not a training job (a batch Job of
 	// one pod); 0 for no minimum.
 	MinPods int
+	// MultiZone is the pod's LabelMultiZone value, "" without one.
+	MultiZone string
 }
 
 // OwnerRef is a controller owner reference.
@@ -285,6 +296,9 @@ func Keys(rules []Rule) []string {
 			}
 		}
 	}
+	if len(rules) > 0 {
+		add(LabelMultiZone)
+	}
 	for _, r := range rules {
 		add(r.NameLabel, r.KindLabel, r.GroupLabel, r.CoordinatorLabel, r.CoordinatorHostLabel, r.OperatorLabel)
 		add(r.RoleLabels...)
@@ -309,7 +323,7 @@ func Identify(rules []Rule, p PodMeta, owners Owners) (Identity, bool) {
 		if r.Indexed && p.get(LabelCompletionIndex) == "" {
 			return Identity{}, false
 		}
-		id := Identity{Name: name, Kind: r.Kind, Role: RoleWorker, MinPods: r.MinPods}
+		id := Identity{Name: name, Kind: r.Kind, Role: RoleWorker, MinPods: r.MinPods, MultiZone: p.get(LabelMultiZone)}
 		if r.GroupLabel != "" {
 			if g := p.get(r.GroupLabel); g != "" {
 				id.Set, id.Name = name, name+"-"+g

@@ -346,7 +346,7 @@ func TestParseRuleSiteController(t *testing.T) {
 func TestKeys(t *testing.T) {
 	keys := Keys(DefaultRules())
 	for _, k := range []string{"jobset.sigs.k8s.io/coordinator", LabelCompletionIndex, "leaderworkerset.sigs.k8s.io/group-index",
-		"ray.io/originated-from-crd", "training.kubeflow.org/replica-index", "batch.kubernetes.io/job-name"} {
+		"ray.io/originated-from-crd", "training.kubeflow.org/replica-index", "batch.kubernetes.io/job-name", LabelMultiZone} {
 		if !contains(keys, k) {
 			t.Errorf("Keys lacks %s", k)
 		}
@@ -363,5 +363,33 @@ func TestParseRules(t *testing.T) {
 	}
 	if _, err := ParseRules([]string{"name=example.com/job,kind=SiteJob", "kind=NoName"}); err == nil {
 		t.Error("a bad rule among good ones parsed")
+	}
+}
+
+// TestIdentifyMultiZone: the zonewatch.io/multi-zone label, else the
+// annotation, is carried in the identity; without it the value is empty.
+func TestIdentifyMultiZone(t *testing.T) {
+	base := map[string]string{"leaderworkerset.sigs.k8s.io/name": "serve", "leaderworkerset.sigs.k8s.io/group-index": "0"}
+	with := func(m map[string]string, k, v string) map[string]string {
+		out := map[string]string{k: v}
+		for k, v := range m {
+			out[k] = v
+		}
+		return out
+	}
+	for _, c := range []struct {
+		name        string
+		labels, ann map[string]string
+		want        string
+	}{
+		{"none", base, nil, ""},
+		{"label", with(base, LabelMultiZone, MultiZoneIntentional), nil, MultiZoneIntentional},
+		{"annotation", base, map[string]string{LabelMultiZone: MultiZoneIntentional}, MultiZoneIntentional},
+		{"label wins", with(base, LabelMultiZone, "reviewed"), map[string]string{LabelMultiZone: MultiZoneIntentional}, "reviewed"},
+	} {
+		id, ok := Identify(DefaultRules(), PodMeta{Namespace: "serving", Labels: c.labels, Annotations: c.ann}, nil)
+		if !ok || id.MultiZone != c.want {
+			t.Errorf("%s: %+v %v, want MultiZone %q", c.name, id, ok, c.want)
+		}
 	}
 }

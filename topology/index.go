@@ -476,6 +476,9 @@ type JobPlacement struct {
 	Job   Job
 	Zones []string // distinct known zones of scheduled pods, sorted
 	Pods  []PodPlacement
+	// MultiZone is the LabelMultiZone value of its scheduled pods (the
+	// greatest where they differ), "" when none has one.
+	MultiZone string
 	// Version is the index generation the placement was built at: two
 	// placements of a job with the same Version are the same.
 	Version uint64
@@ -544,6 +547,7 @@ func (x *Index) placementLocked(j *jobRec) *JobPlacement {
 			zone = n.zone
 		}
 		jp.Pods = append(jp.Pods, PodPlacement{Pod: p.Name, Role: j.role(p), ReplicaType: p.Identity.ReplicaType, Node: p.Node, Zone: zone})
+		jp.MultiZone = max(jp.MultiZone, p.Identity.MultiZone)
 		if zone != UnknownZone && !slices.Contains(jp.Zones, zone) {
 			jp.Zones = append(jp.Zones, zone)
 		}

@@ -188,6 +188,11 @@ basicAuth:
   {{- toYaml . | nindent 2 }}
 {{- end }}
 relabelings:
+  {{- /* node: per-node alerts carry it (ExporterDown has nothing else to
+  name the node by), so a node-down alert can inhibit them. */}}
+  - action: replace
+    sourceLabels: [__meta_kubernetes_pod_node_name]
+    targetLabel: node
   - action: replace
     targetLabel: job
     replacement: {{ required "scrape.job must be set" .Values.scrape.job }}
