@@ -271,7 +271,9 @@ func TestDropsBeforeTheJobFeedListsAreCountedWithTheirPeer(t *testing.T) {
 		PolicySource: PolicySourceCilium}
 	if got := a.Drops().Value(want); got != 10 || a.Drops().Len() != 1 || a.PeerDrops().Len() != 0 {
 		var all []string
-		a.Drops().Each(func(k DropKey, v float64) { all = append(all, fmt.Sprintf("%s %s>%s %s %g", k.Job, k.SrcZone, k.DstZone, k.Peer, v)) })
+		a.Drops().Each(func(k DropKey, v float64) {
+			all = append(all, fmt.Sprintf("%s %s>%s %s %g", k.Job, k.SrcZone, k.DstZone, k.Peer, v))
+		})
 		t.Fatalf("drops %+v: %g, want 10 and nothing else (series: %v; peer drop series %d)", want, got, all, a.PeerDrops().Len())
 	}
 	if h := a.Held(); h != 0 {
