@@ -265,7 +265,13 @@ func (c *Client) Run(ctx context.Context) {
 			connected = true
 			failures = 0
 		}
-		since = c.resumeFrom(start)
+		// A try that received nothing keeps the replay point: moving it to
+		// this try's start would skip what Hubble buffered since the last
+		// point a stream delivered (an exporter started before its node's
+		// Hubble answers loses every flow before its last failed try).
+		if got || since.IsZero() {
+			since = c.resumeFrom(start)
+		}
 		c.resumed = true
 		delay := backoff(failures, c.cfg.BackoffMin, c.cfg.BackoffMax)
 		if failures == 0 {
