@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -34,12 +35,14 @@ var startupHold = hubble.DefaultHold
 // a PyTorchJob's master runs on the view's node (zone b), its two workers
 // on other nodes (zone a), and a zone fence drops every SYN of the workers
 // to the master; the master's node's Hubble shows each denied SYN as a
-// policy-verdict and a drop event. The per-node view (NewLocal, no
-// ipcache) starts beside the job, and the drops are delivered in three
-// phases while it catches up, the hook holding it at each step: (a) the
-// node's pod informer has not delivered the local master (its add handler
-// held); (b) it has, and the job's feed is still listing (its list call
-// held); (c) the feed has listed, the workers are in its store, and its
+// policy-verdict and a drop event. The per-node view (NewLocal, with a
+// fake ipcache: an in-memory map, empty until its first read) starts
+// beside the job, and the drops are delivered in three phases while it
+// catches up, the hook holding it at each step: (a) the node's pod
+// informer has not delivered the local master (its add handler held) and
+// the ipcache has not been read; (b) the master is delivered, the ipcache
+// read (the workers placed on their nodes, without their job), and the
+// job's feed is still listing (its list call held); (c) the feed has listed, the workers are in its store, and its
 // handlers are delayed (held). Then the hook releases them. Every drop is
 // counted for the job, between the job's own pods, from zone a to zone b,
 // nothing as a peer drop, nothing uncounted; and every flow the client
@@ -63,12 +66,17 @@ func TestStartupDropsCounted(t *testing.T) {
 	sj := sim.Job{Namespace: ns, Name: job, Kind: "PyTorchJob", Behaviour: sim.Behaviour{FlowsPerSecond: 1, BlockedBy: ns + "/" + fence}}
 	for i, zone := range []string{"zone-b", "zone-a", "zone-a"} {
 		node := fmt.Sprintf("node-%d", i)
+		nodeIP := netip.MustParseAddr(fmt.Sprintf("172.18.0.%d", 10+i))
 		n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node, Labels: map[string]string{kube.LabelZone: zone}}}
-		if _, err := client.CoreV1().Nodes().Create(ctx, n, metav1.CreateOptions{}); err != nil {
+		n, err := client.CoreV1().Nodes().Create(ctx, n, metav1.CreateOptions{})
+		if err != nil {
 			t.Fatal(err)
 		}
-		s.Nodes = append(s.Nodes, sim.Node{Name: node, Zone: zone, IP: netip.MustParseAddr(fmt.Sprintf("172.18.0.%d", 10+i)),
-			PodCIDR: netip.MustParsePrefix(fmt.Sprintf("10.%d.0.0/24", i))})
+		n.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: nodeIP.String()}}
+		if _, err := client.CoreV1().Nodes().UpdateStatus(ctx, n, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		s.Nodes = append(s.Nodes, sim.Node{Name: node, Zone: zone, IP: nodeIP, PodCIDR: netip.MustParsePrefix(fmt.Sprintf("10.%d.0.0/24", i))})
 		name, labels := shape.pod(job, i, i == 0)
 		role := topology.RoleWorker
 		if i == 0 {
@@ -92,8 +100,11 @@ func TestStartupDropsCounted(t *testing.T) {
 	master := sj.Pods[0].Name
 	feed := ns + "/" + shape.label + "=" + job
 
-	// The view, held from its start: (a), (b) and (c).
+	// The view, held from its start: (a), (b) and (c); the node's ipcache
+	// not read yet (empty) until (b).
 	index := topology.NewIndex()
+	ipc := &startupIPCache{}
+	index.SetRemote("node-0", ipc, nil, topology.DefaultRules())
 	l, fs, err := kube.NewLocal(client, index, topology.DefaultRules(), "node-0", 0, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
@@ -151,11 +162,20 @@ func TestStartupDropsCounted(t *testing.T) {
 		accountedFlows(t, agg)
 	}
 
-	phase("(a) the node's pod informer has not delivered " + master)
+	phase("(a) the node's pod informer has not delivered " + master + ", the ipcache not read")
 	mark := h.mark()
 	h.release(nodeAdd)
 	h.waitRan(t, mark, "the node's pod informer adds "+master, on("", "add", master))
-	phase("(b) the job's feed is listing")
+	// The ipcache's first read: every pod's address, the remote ones on
+	// their node (its tunnel endpoint), with a pod's identity.
+	for _, p := range sj.Pods {
+		e := topology.RemoteEntry{Identity: 30000, Bits: 32}
+		if p.Node != "node-0" {
+			e.NodeIP = s.NodeByName(p.Node).IP
+		}
+		ipc.put(p.IP, e)
+	}
+	phase("(b) the ipcache read, the job's feed is listing")
 	h.release(feedList)
 	waitUntil(t, ctx, "the job's feed stores the job's 3 pods", func() bool {
 		return len(kube.FeedStored(l, ns, shape.label, job)) == 3
@@ -199,6 +219,29 @@ func TestStartupDropsCounted(t *testing.T) {
 	accountedFlows(t, agg)
 	t.Logf("hold %v: %g of %g drops counted for %s/%s (zone-a>zone-b, peer job), processed %g flows; uncounted %v\n%s",
 		startupHold, got, want, ns, job, testutil.ToFloat64(m.Processed), uncounted, strings.Join(log, "\n"))
+}
+
+// startupIPCache is the node's ipcache as the index reads it: empty
+// until its first read.
+type startupIPCache struct {
+	mu sync.Mutex
+	m  map[netip.Addr]topology.RemoteEntry
+}
+
+func (c *startupIPCache) put(a netip.Addr, e topology.RemoteEntry) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.m == nil {
+		c.m = map[netip.Addr]topology.RemoteEntry{}
+	}
+	c.m[a] = e
+}
+
+func (c *startupIPCache) Lookup(a netip.Addr) (topology.RemoteEntry, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e, ok := c.m[a]
+	return e, ok
 }
 
 // accountedFlows checks that every flow the aggregator processed is
