@@ -362,3 +362,30 @@ func TestFlowsWhileHubbleUnreachableAtStartCounted(t *testing.T) {
 		t.Fatalf("drops of llm-blocked counted: %g, want the 1 Hubble buffered after the exporter started (%d tries refused; %d flows received)", drops, lis.refused.Load(), received(c))
 	}
 }
+
+// TestQuietStreamReconnectCounted: a stream re-established to a restarted
+// agent that has nothing to send yet (its ring starts empty, a quiet
+// node) counts its reconnect once it has stayed open, when it reads as up,
+// not only at its first message.
+func TestQuietStreamReconnectCounted(t *testing.T) {
+	s := testScenario()
+	h, sock := startHubble(t, s, "gpu-a1", 0)
+	agg := NewAggregator(indexOf(s), "gpu-a1", time.Minute, nil)
+	c := NewClient(Config{Address: "unix://" + sock, BackoffMin: 10 * time.Millisecond, BackoffMax: 50 * time.Millisecond}, agg)
+	c.quietUp = 50 * time.Millisecond
+	runClient(t, c)
+	h.Publish(flowAt("gpu-a1", time.Now()))
+	waitFor(t, "the first flow", func() bool { return received(c) == 1 })
+	h.Stop() // the agent restarts: the stream breaks
+	waitFor(t, "the stream to break", func() bool { return !c.Up() })
+	if err := h.Start(sock); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the quiet re-established stream to count as up", c.Up)
+	waitFor(t, "the reconnect counted while up, without a message", func() bool {
+		return testutil.ToFloat64(agg.Metrics().Reconnects) == 1
+	})
+	if n := received(c); n != 1 {
+		t.Errorf("%d flows received, want the 1 before the restart: the reconnect was counted at a message", n)
+	}
+}
