@@ -159,9 +159,17 @@ func BenchmarkDecodeClassifyAggregate(b *testing.B) {
 }
 
 // BenchmarkClassifyAggregate is the part on top of decoding; it must not
-// allocate.
+// allocate, with the live exporter's hold (every counted flow of a job
+// asks whether it waits for its peer) or without (files).
 func BenchmarkClassifyAggregate(b *testing.B) {
+	for _, hold := range []time.Duration{0, DefaultHold} {
+		b.Run(fmt.Sprintf("hold=%v", hold), func(b *testing.B) { benchClassifyAggregate(b, hold) })
+	}
+}
+
+func benchClassifyAggregate(b *testing.B, hold time.Duration) {
 	agg := NewAggregator(indexOf(testScenario()), "", time.Minute, nil)
+	agg.SetHold(hold)
 	d := flowOf("gpu-b1", llmWorker, llmMaster, flowpb.Verdict_DROPPED, eventPolicyVerdict)
 	d.DropReasonDesc, d.TrafficDirection = flowpb.DropReason_POLICY_DENIED, flowpb.TrafficDirection_INGRESS
 	d.IngressDeniedBy = []*flowpb.Policy{{Namespace: "ml-team", Name: "zone-isolation"}}

@@ -10,6 +10,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -265,7 +266,13 @@ func (c *Client) Run(ctx context.Context) {
 			connected = true
 			failures = 0
 		}
-		since = c.resumeFrom(start)
+		// A try that received nothing keeps the replay point: moving it to
+		// this try's start would skip what Hubble buffered since the last
+		// point a stream delivered (an exporter started before its node's
+		// Hubble answers loses every flow before its last failed try).
+		if got || since.IsZero() {
+			since = c.resumeFrom(start)
+		}
 		c.resumed = true
 		delay := backoff(failures, c.cfg.BackoffMin, c.cfg.BackoffMax)
 		if failures == 0 {
@@ -421,22 +428,27 @@ func (c *Client) session(ctx context.Context, since time.Time, reconnect bool) (
 	// connection, backed off like one.
 	opened := time.Now()
 	c.openedAt.Store(opened.UnixNano())
-	established := false
+	var established atomic.Bool
+	var once sync.Once
 	establish := func() {
-		if established {
-			return
-		}
-		established = true
-		if reconnect {
-			c.m.Reconnects.Inc()
-			c.logger.Info("hubble flow stream re-established", "address", c.cfg.Address, "since", since)
-		}
+		once.Do(func() {
+			established.Store(true)
+			if reconnect {
+				c.m.Reconnects.Inc()
+				c.logger.Info("hubble flow stream re-established", "address", c.cfg.Address, "since", since)
+			}
+		})
 	}
+	// A quiet stream (a restarted agent's empty ring) is established once
+	// it has stayed open for quietUp, when Up reads it so: its reconnect
+	// is counted then, not at a first message that may not come.
+	quiet := time.AfterFunc(c.quietUp, establish)
+	defer quiet.Stop()
 	healthy := func() bool {
-		if !established && time.Since(opened) >= c.quietUp {
+		if !established.Load() && time.Since(opened) >= c.quietUp {
 			establish()
 		}
-		return established
+		return established.Load()
 	}
 	resp := &wireResponse{}
 	for first := true; ; first = false {

@@ -15,11 +15,17 @@ import (
 // job while Hubble names one of its pods is held and classified again, each
 // second, until the view gives it a job (it is then counted, late) or the
 // pod has been unplaced for the hold window (it is then counted as
-// uncounted with reason no_job: a pod of no job). The window runs per pod,
-// from the first flow of it that found no job, so a pod of no job holds
-// its flows once, in its first seconds, and never again; every flow is
-// either counted or counted in zonewatch_hubble_flows_uncounted_total with
-// its reason.
+// uncounted with reason no_job: a pod of no job). A policy drop of a job
+// whose other side Hubble names as a pod of the job's namespace that the
+// view gives no job yet (the job's other pods are still being listed) is
+// held the same way, for that pod: counted with its peer and zones once
+// the view places the pod, or, when the window ends first (a pod of no
+// job), counted as it classifies then; counted at once it would be a drop
+// from a peer outside the job, in an unknown zone. The window runs per
+// pod, from the first flow of it that found no job, so a pod of no job
+// holds its flows once, in its first seconds, and never again; every flow
+// is either counted or counted in zonewatch_hubble_flows_uncounted_total
+// with its reason.
 
 // DefaultHold is the hold window of a live stream: how long a pod Hubble
 // names may stay without a job in the view before its flows count as no
@@ -116,8 +122,10 @@ func (a *Aggregator) Retry() {
 }
 
 // holdLocked holds a flow that found no job when Hubble names a pod on one
-// of its sides whose hold window is open; false when the flow is not held
-// (it is then uncounted, with reason).
+// of its sides whose hold window is open, or a job's policy drop whose
+// other side is a pod the view does not yet give a job (farPod); false
+// when the flow is not held (a flow of no job is then uncounted, with
+// reason; a job's is counted).
 func (a *Aggregator) holdLocked(f *Fields, r *Result) (held bool, reason string) {
 	h := a.held
 	if h == nil {
@@ -152,9 +160,13 @@ func (a *Aggregator) holdLocked(f *Fields, r *Result) (held bool, reason string)
 	return true, ""
 }
 
-// heldPod is the pod a flow is held for: the side on this node, else the
-// source, else the destination, that Hubble names as a pod.
+// heldPod is the pod a flow is held for: for a flow of a job, the other
+// side (farPod); else the side on this node, else the source, else the
+// destination, that Hubble names as a pod.
 func heldPod(f *Fields, r *Result) (podRef, bool) {
+	if r.Job != nil {
+		return farPod(f, r)
+	}
 	first, second := &f.Src, &f.Dst
 	if r.Local == SideDestination {
 		first, second = second, first
@@ -167,8 +179,28 @@ func heldPod(f *Fields, r *Result) (podRef, bool) {
 	return podRef{}, false
 }
 
+// farPod is the pod a job's policy drop waits for: its other side, when
+// Hubble names it as a pod of the job's namespace and the view gives it
+// no job (a pod of the job not listed yet, or a pod of no job: held once,
+// as every pod of no job).
+func farPod(f *Fields, r *Result) (podRef, bool) {
+	if !r.PolicyDrop() {
+		return podRef{}, false
+	}
+	e, ep := r.Dst, &f.Dst
+	if r.Src.Job != r.Job {
+		e, ep = r.Src, &f.Src
+	}
+	if e.Job != nil || ep.PodName == "" || ep.Namespace != r.Job.Namespace {
+		return podRef{}, false
+	}
+	return podRef{ep.Namespace, ep.PodName}, true
+}
+
 // retryLocked classifies the held flows again: those the view now gives a
-// job are counted, those past their window are uncounted (no_job).
+// job (and a job's drop its other side) are counted; past their window, a
+// flow of a job is counted as it classifies, one of no job uncounted
+// (no_job).
 func (a *Aggregator) retryLocked(now time.Time) {
 	h := a.held
 	if now.Before(h.next) {
@@ -179,12 +211,15 @@ func (a *Aggregator) retryLocked(now time.Time) {
 	for i := range h.flows {
 		hf := &h.flows[i]
 		r := a.cls.classify(&hf.f, false)
+		_, waits := heldPod(&hf.f, &r)
 		switch {
-		case r.Count != NotCounted && r.Job != nil:
-			delete(h.unplaced, hf.pod)
-			a.countLocked(&r, &hf.f)
 		case r.Count == NotCounted:
 			a.m.uncounted(uncountedKind)
+		case r.Job != nil && !waits:
+			delete(h.unplaced, hf.pod)
+			a.countLocked(&r, &hf.f)
+		case r.Job != nil && !now.Before(hf.until):
+			a.countLocked(&r, &hf.f)
 		case !now.Before(hf.until):
 			a.finishUncountedLocked(&r, uncountedNoJob)
 		default:

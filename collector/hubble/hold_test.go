@@ -1,6 +1,7 @@
 package hubble
 
 import (
+	"fmt"
 	"net/netip"
 	"testing"
 	"time"
@@ -216,4 +217,103 @@ func TestHeldFlowsDoNotViewTheStreamBuffer(t *testing.T) {
 	if a.Drops().Value(want) != 1 || a.Held() != 0 {
 		t.Fatalf("the held flow was not counted as it arrived: %d series, %d held", a.Drops().Len(), a.Held())
 	}
+}
+
+// localOnly is the view once the node's own pods are delivered but the
+// feeds of their jobs are still listing: the nodes and the job pods on
+// node, none of the jobs' other pods.
+func localOnly(s *sim.Scenario, node string) *topology.Index {
+	x := nodesOnly(s)
+	for _, j := range s.Jobs {
+		for _, p := range j.Pods {
+			if p.Node == node {
+				x.UpsertPod(0, topology.Pod{Namespace: p.Namespace, Name: p.Name, Node: p.Node, IPs: []netip.Addr{p.IP},
+					Identity: topology.Identity{Kind: j.Kind, Name: j.Name, Role: p.Role}})
+			}
+		}
+	}
+	return x
+}
+
+// TestDropsBeforeTheJobFeedListsAreCountedWithTheirPeer: the node's pod
+// informer has delivered the job's local pod (the master) but the job's
+// feed is still listing its remote workers. The drops of the workers' SYNs
+// find the job from the master's side; counted at once, they would be a
+// peer drop from outside the job in an unknown zone (PeerPolicyDrops
+// instead of the cross-zone page). They are held until the feed places
+// the workers, then counted between the job's own pods, across zones.
+func TestDropsBeforeTheJobFeedListsAreCountedWithTheirPeer(t *testing.T) {
+	s := testScenario()
+	x := localOnly(s, "gpu-b1")
+	a, clk := holdingAggregator(x, "gpu-b1")
+	for sec := range 10 {
+		for _, f := range blockedSYN(sec) {
+			a.Observe(f)
+		}
+	}
+	if n, p := a.Drops().Len(), a.PeerDrops().Len(); n != 0 || p != 0 {
+		t.Fatalf("%d drop and %d peer drop series before the job's feed placed its workers", n, p)
+	}
+	if h := a.Held(); h != 10 {
+		t.Fatalf("held %d flows, want the 10 drops", h)
+	}
+	accounted(t, a)
+	clk.advance(time.Second)
+	a.Retry()
+	if h := a.Held(); h != 10 {
+		t.Fatalf("held %d after a retry with the workers still unplaced, want 10", h)
+	}
+	catchUp(x, s)
+	clk.advance(time.Second)
+	a.Retry()
+	want := DropKey{Namespace: "ml-team", Job: "llm-blocked", Direction: DirectionIngress, SrcZone: zoneA, DstZone: zoneB,
+		Locality: "cross_zone", Peer: PeerJob, Reason: ReasonPolicyDenied, PolicyNamespace: "ml-team", PolicyName: "zone-isolation",
+		PolicySource: PolicySourceCilium}
+	if got := a.Drops().Value(want); got != 10 || a.Drops().Len() != 1 || a.PeerDrops().Len() != 0 {
+		var all []string
+		a.Drops().Each(func(k DropKey, v float64) {
+			all = append(all, fmt.Sprintf("%s %s>%s %s %g", k.Job, k.SrcZone, k.DstZone, k.Peer, v))
+		})
+		t.Fatalf("drops %+v: %g, want 10 and nothing else (series: %v; peer drop series %d)", want, got, all, a.PeerDrops().Len())
+	}
+	if h := a.Held(); h != 0 {
+		t.Errorf("%d flows still held", h)
+	}
+	accounted(t, a)
+}
+
+// TestDropFromAPodOfNoJobHeldOnceThenCounted: a job's drop whose other
+// side is a pod of its namespace that belongs to no job is held for that
+// pod's window only, then counted (a peer drop, not lost); the pod's later
+// drops are counted at once.
+func TestDropFromAPodOfNoJobHeldOnceThenCounted(t *testing.T) {
+	s := testScenario()
+	a, clk := holdingAggregator(indexOf(s), "gpu-b1")
+	notebook := podEP{"ml-team", "notebook-0", "10.244.2.9", "gpu-a2"} // a pod of no job
+	send := func() {
+		v := flowOf("gpu-b1", notebook, llmMaster, flowpb.Verdict_DROPPED, eventPolicyVerdict)
+		v.DropReasonDesc, v.TrafficDirection = flowpb.DropReason_POLICY_DENIED, flowpb.TrafficDirection_INGRESS
+		v.IngressDeniedBy = []*flowpb.Policy{{Namespace: "ml-team", Name: "zone-isolation", Kind: "CiliumNetworkPolicy"}}
+		a.Observe(v)
+	}
+	send()
+	if h := a.Held(); h != 1 {
+		t.Fatalf("held %d, want 1", h)
+	}
+	clk.advance(DefaultHold)
+	a.Retry()
+	send()
+	var peer float64
+	a.PeerDrops().Each(func(k PeerDropKey, v float64) {
+		if k.Job == "llm-blocked" && k.Peer == PeerCluster {
+			peer += v
+		}
+	})
+	if h := a.Held(); h != 0 || peer != 2 {
+		t.Fatalf("after the window: held %d, peer drops of llm-blocked %g; want 0 and 2", h, peer)
+	}
+	if n := uncounted(a, uncountedNoJob); n != 0 {
+		t.Errorf("%g drops of a job uncounted as no_job", n)
+	}
+	accounted(t, a)
 }

@@ -256,7 +256,9 @@ func (a *Aggregator) ObserveFields(f *Fields) Result {
 	case r.Count == NotCounted:
 		a.m.uncounted(uncountedKind)
 	case r.Job != nil:
-		a.countLocked(&r, f)
+		if held, _ := a.holdLocked(f, &r); !held {
+			a.countLocked(&r, f)
+		}
 	default:
 		if held, reason := a.holdLocked(f, &r); !held {
 			a.finishUncountedLocked(&r, reason)

@@ -295,3 +295,97 @@ func TestNodeMarksPruned(t *testing.T) {
 		t.Errorf("%v flows processed, want %d", got, nodes)
 	}
 }
+
+// closingListener closes the connections it accepts while refuse is set:
+// a Hubble socket whose server is not answering yet (an agent starting on
+// a busy node).
+type closingListener struct {
+	net.Listener
+	refuse  atomic.Bool
+	refused atomic.Int32
+}
+
+func (l *closingListener) Accept() (net.Conn, error) {
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil || !l.refuse.Load() {
+			return c, err
+		}
+		c.Close()
+		l.refused.Add(1)
+	}
+}
+
+// TestFlowsWhileHubbleUnreachableAtStartCounted: an exporter that starts
+// before its node's Hubble answers counts the flows Hubble buffered after
+// the exporter started, however many tries failed before the first
+// stream: a failed try that received nothing does not move the replay
+// point past flows no stream has delivered.
+func TestFlowsWhileHubbleUnreachableAtStartCounted(t *testing.T) {
+	s := testScenario()
+	sock := shortSocket(t)
+	raw, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lis := &closingListener{Listener: raw}
+	lis.refuse.Store(true)
+	h := sim.NewHubble(s, "", 0)
+	if err := h.Serve(lis); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(h.Stop)
+	agg := NewAggregator(indexOf(s), "", time.Minute, nil)
+	c := NewClient(Config{Address: "unix://" + sock, BackoffMin: 5 * time.Millisecond, BackoffMax: 20 * time.Millisecond}, agg)
+	runClient(t, c)
+
+	waitFor(t, "a first try refused", func() bool { return lis.refused.Load() >= 1 })
+	// The drop Hubble sees while the exporter's tries fail.
+	now := time.Now()
+	pair := blockedSYN(0)
+	pair[0].Time, pair[1].Time = timestamppb.New(now), timestamppb.New(now.Add(time.Microsecond))
+	h.Publish(pair...)
+	n := lis.refused.Load()
+	waitFor(t, "two more tries refused after the drop", func() bool { return lis.refused.Load() >= n+2 })
+	lis.refuse.Store(false)
+	waitFor(t, "a stream that has sent all Hubble holds", func() bool {
+		st := h.Streams()
+		return st.Open > 0 && delivered([]*sim.Hubble{h}, c)
+	})
+	var drops float64
+	agg.Drops().Each(func(k DropKey, v float64) {
+		if k.Job == "llm-blocked" {
+			drops += v
+		}
+	})
+	if drops != 1 {
+		t.Fatalf("drops of llm-blocked counted: %g, want the 1 Hubble buffered after the exporter started (%d tries refused; %d flows received)", drops, lis.refused.Load(), received(c))
+	}
+}
+
+// TestQuietStreamReconnectCounted: a stream re-established to a restarted
+// agent that has nothing to send yet (its ring starts empty, a quiet
+// node) counts its reconnect once it has stayed open, when it reads as up,
+// not only at its first message.
+func TestQuietStreamReconnectCounted(t *testing.T) {
+	s := testScenario()
+	h, sock := startHubble(t, s, "gpu-a1", 0)
+	agg := NewAggregator(indexOf(s), "gpu-a1", time.Minute, nil)
+	c := NewClient(Config{Address: "unix://" + sock, BackoffMin: 10 * time.Millisecond, BackoffMax: 50 * time.Millisecond}, agg)
+	c.quietUp = 50 * time.Millisecond
+	runClient(t, c)
+	h.Publish(flowAt("gpu-a1", time.Now()))
+	waitFor(t, "the first flow", func() bool { return received(c) == 1 })
+	h.Stop() // the agent restarts: the stream breaks
+	waitFor(t, "the stream to break", func() bool { return !c.Up() })
+	if err := h.Start(sock); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the quiet re-established stream to count as up", c.Up)
+	waitFor(t, "the reconnect counted while up, without a message", func() bool {
+		return testutil.ToFloat64(agg.Metrics().Reconnects) == 1
+	})
+	if n := received(c); n != 1 {
+		t.Errorf("%d flows received, want the 1 before the restart: the reconnect was counted at a message", n)
+	}
+}
