@@ -42,12 +42,14 @@ type Live struct {
 	denied *Denials
 
 	// The per-node view (NewLocal), under mu: the job feeds by selector,
-	// the selector of each of the node's job pods, and the holders of each
-	// pod it put in the index (both by namespace/name).
+	// the job of each of the node's job pods (by namespace/name), the
+	// node's jobs with their selectors, and the holders of each pod it put
+	// in the index (by namespace/name).
 	client   kubernetes.Interface
 	strip    func(any) (any, error)
 	feeds    map[jobSel]*jobFeed
-	localSel map[string]jobSel
+	localJob map[string]jobID
+	jobs     map[jobID]*jobGroup
 	held     map[string][]holding
 	stopped  bool // Run's context is done: no new feed
 	// hook wraps every handler and job-feed list/watch call of the
@@ -231,6 +233,9 @@ func (l *Live) ownerChanged(key string) {
 			below[k] = true
 		}
 		l.reidentifyLocked(below)
+		// A job's name and the owner objects below it may have changed:
+		// so may the selectors of the node's jobs.
+		l.regroupAllLocked()
 		return
 	}
 	for _, k := range keys {
