@@ -151,6 +151,9 @@ func (l *Live) Run(ctx context.Context, factories []informers.SharedInformerFact
 		l.mu.Lock()
 		l.owners = owners
 		l.mu.Unlock()
+		// The per-node view names remote pods' jobs from their identities:
+		// after their top owner too (a no-op for the cluster-wide view).
+		l.index.SetRemoteOwners(owners)
 		l.synced = append(l.synced, synced...)
 		l.logger.Info("owner informers synced", "kinds", len(owners.stores))
 	}
@@ -228,6 +231,7 @@ func (l *Live) ownerChanged(key string) {
 	}
 	keys := l.owners.keysBelow(key)
 	if l.held != nil { // the per-node view: what its handlers hold
+		l.index.ForgetIdentities()
 		below := make(map[string]bool, len(keys))
 		for _, k := range keys {
 			below[k] = true

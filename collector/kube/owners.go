@@ -57,8 +57,9 @@ type ownerStore struct {
 
 type ownerIndex struct {
 	groupKind
-	indexer  cache.Indexer
-	podLabel string // OwnerResource.PodLabel
+	indexer    cache.Indexer
+	podLabel   string // OwnerResource.PodLabel
+	apiVersion string
 }
 
 // controllerIndex indexes pods and owner objects by their controller
@@ -152,6 +153,25 @@ func (s *ownerStore) keysBelow(key string) []string {
 		}
 	}
 	return keys
+}
+
+// OwnerByLabels names the owner object a pod's labels name through an
+// owner kind's PodLabel, when the object exists (topology.LabelOwners: a
+// security identity holds labels, no owner reference).
+func (s *ownerStore) OwnerByLabels(namespace string, labels map[string]string) (topology.OwnerRef, bool) {
+	if s == nil {
+		return topology.OwnerRef{}, false
+	}
+	for _, b := range s.below {
+		v := labels[b.podLabel]
+		if b.podLabel == "" || v == "" {
+			continue
+		}
+		if _, ok, _ := b.indexer.GetByKey(namespace + "/" + v); ok {
+			return topology.OwnerRef{APIVersion: b.apiVersion, Kind: b.kind, Name: v}, true
+		}
+	}
+	return topology.OwnerRef{}, false
 }
 
 // ControllerOf returns the controller reference of the owner object o.
@@ -258,7 +278,7 @@ func startOwners(ctx context.Context, meta metadata.Interface, disc discovery.Di
 			continue
 		}
 		store.stores[gk] = inf.GetStore()
-		store.below = append(store.below, ownerIndex{gk, inf.GetIndexer(), res.PodLabel})
+		store.below = append(store.below, ownerIndex{gk, inf.GetIndexer(), res.PodLabel, res.GVR.GroupVersion().String()})
 		if !forbidden {
 			synced = append(synced, inf.HasSynced)
 		}
