@@ -57,6 +57,16 @@ type Identities interface {
 	Labels(id uint32) (namespace string, labels map[string]string, ok bool)
 }
 
+// LabelOwners resolves, for a pod known only by its labels (a security
+// identity's: no owner reference), the owner object its labels name
+// (ray.io/cluster=X: the RayCluster X) and that object's controllers, so
+// that a remote pod's job is named as its own node names it (a RayJob's
+// cluster after the RayJob, a JobSet after its TrainJob).
+type LabelOwners interface {
+	Owners
+	OwnerByLabels(namespace string, labels map[string]string) (OwnerRef, bool)
+}
+
 // remoteView places, in the per-node view, the addresses that are no pod
 // of a job the index holds: their node from the ipcache, their job (if
 // any) from their identity's labels through the rules.
@@ -65,6 +75,8 @@ type remoteView struct {
 	ipc   IPCache
 	ids   Identities
 	rules []Rule
+	// owners (nil for none) names identities' jobs after their top owner.
+	owners LabelOwners
 
 	mu sync.Mutex
 	// jobs are the jobs named by identities, one *Job per job for as long
@@ -110,6 +122,44 @@ func (x *Index) SetRemote(node string, ipc IPCache, ids Identities, rules []Rule
 		jobs: map[jobKey]*remoteJob{}, byID: map[uint32]*remoteJob{}, noJobs: map[uint32]bool{}}
 }
 
+// SetRemoteOwners makes the per-node view name a remote pod's job after
+// its top owner (the kube feed's owner informers), as the pods' own nodes
+// do. Call it before flows are classified; a no-op without SetRemote.
+func (x *Index) SetRemoteOwners(o LabelOwners) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if x.remote == nil {
+		return
+	}
+	x.remote.mu.Lock()
+	defer x.remote.mu.Unlock()
+	x.remote.owners = o
+	x.remote.forgetLocked()
+}
+
+// ForgetIdentities drops what the per-node view concluded from
+// identities: an owner object came, went or changed its controller, so an
+// identity may name another job now. The jobs stay (consumers hold them).
+func (x *Index) ForgetIdentities() {
+	x.mu.RLock()
+	r := x.remote
+	x.mu.RUnlock()
+	if r == nil {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.forgetLocked()
+}
+
+func (r *remoteView) forgetLocked() {
+	clear(r.byID)
+	clear(r.noJobs)
+	for _, rj := range r.jobs {
+		clear(rj.ids)
+	}
+}
+
 // remoteLocked places a through the ipcache; false when it has no entry
 // or names a node the index does not know.
 func (x *Index) remoteLocked(a netip.Addr) (Endpoint, bool) {
@@ -142,7 +192,8 @@ func (x *Index) remoteLocked(a netip.Addr) (Endpoint, bool) {
 
 // identityJobLocked names the job of an identity: the index's own job
 // when it holds it, else one kept for it here. Identities are cached: a
-// security identity's labels never change.
+// security identity's labels never change (what owners make of them may:
+// ForgetIdentities).
 func (x *Index) identityJobLocked(id uint32) *Job {
 	r := x.remote
 	if r.ids == nil || id == 0 {
@@ -159,7 +210,15 @@ func (x *Index) identityJobLocked(id uint32) *Job {
 		if !ok {
 			return nil
 		}
-		ident, ok := Identify(r.rules, PodMeta{Namespace: ns, Labels: labels}, nil)
+		meta := PodMeta{Namespace: ns, Labels: labels}
+		var owners Owners
+		if r.owners != nil {
+			owners = r.owners
+			if o, ok := r.owners.OwnerByLabels(ns, labels); ok {
+				meta.Owner = &o
+			}
+		}
+		ident, ok := Identify(r.rules, meta, owners)
 		if !ok || ident.MinPods > 1 {
 			// A rule with a minimum counts the job's pods, which an
 			// identity does not tell.

@@ -149,3 +149,49 @@ func TestNewLocalEndpointKicksTheIPCache(t *testing.T) {
 	plain.Kick() // nothing to kick: no panic
 	NewIndex().Kick()
 }
+
+// labelOwners is an owner table that also finds a RayCluster by its pods'
+// ray.io/cluster label (collector/kube's owner informers do).
+type labelOwners struct{ ownerMap }
+
+func (o labelOwners) OwnerByLabels(_ string, labels map[string]string) (OwnerRef, bool) {
+	ref := OwnerRef{APIVersion: "ray.io/v1", Kind: "RayCluster", Name: labels["ray.io/cluster"]}
+	_, ok := o.ownerMap[ref]
+	return ref, ok
+}
+
+// TestRemoteViewNamesTopOwner: a remote Ray head's identity names the
+// RayJob that controls its RayCluster once owners are known, as the
+// head's own node names it; an owner that arrives later renames it after
+// ForgetIdentities.
+func TestRemoteViewNamesTopOwner(t *testing.T) {
+	x := testIndex()
+	f := &fakeCilium{
+		entries: map[netip.Addr]RemoteEntry{ip("10.244.2.9"): {NodeIP: ip("172.18.1.10"), Identity: 70001}},
+		ids:     map[uint32]map[string]string{70001: {"ray.io/cluster": "tune-x7k2p", "ray.io/node-type": "head"}},
+	}
+	x.SetRemote("n-a", f, f, DefaultRules())
+	owners := labelOwners{ownerMap{}}
+	x.SetRemoteOwners(owners)
+	job := func() Job {
+		e, _ := x.LookupIP(ip("10.244.2.9"))
+		if e.Job == nil {
+			return Job{}
+		}
+		return *e.Job
+	}
+	if j := job(); j != (Job{Namespace: "ml", Name: "tune-x7k2p", Kind: "RayCluster"}) {
+		t.Errorf("before its owner: %+v, want the RayCluster", j)
+	}
+	owners.ownerMap[OwnerRef{APIVersion: "ray.io/v1", Kind: "RayCluster", Name: "tune-x7k2p"}] = OwnerRef{APIVersion: "ray.io/v1", Kind: "RayJob", Name: "tune"}
+	if j := job(); j.Kind != "RayCluster" {
+		t.Errorf("cached until forgotten: %+v", j)
+	}
+	x.ForgetIdentities()
+	if j := job(); j != (Job{Namespace: "ml", Name: "tune", Kind: "RayJob"}) {
+		t.Errorf("after its owner: %+v, want the RayJob", j)
+	}
+	if !x.JobExists("ml", "tune") {
+		t.Error("the RayJob named by an identity does not exist")
+	}
+}

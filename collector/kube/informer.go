@@ -42,12 +42,14 @@ type Live struct {
 	denied *Denials
 
 	// The per-node view (NewLocal), under mu: the job feeds by selector,
-	// the selector of each of the node's job pods, and the holders of each
-	// pod it put in the index (both by namespace/name).
+	// the job of each of the node's job pods (by namespace/name), the
+	// node's jobs with their selectors, and the holders of each pod it put
+	// in the index (by namespace/name).
 	client   kubernetes.Interface
 	strip    func(any) (any, error)
 	feeds    map[jobSel]*jobFeed
-	localSel map[string]jobSel
+	localJob map[string]jobID
+	jobs     map[jobID]*jobGroup
 	held     map[string][]holding
 	stopped  bool // Run's context is done: no new feed
 	// hook wraps every handler and job-feed list/watch call of the
@@ -149,6 +151,9 @@ func (l *Live) Run(ctx context.Context, factories []informers.SharedInformerFact
 		l.mu.Lock()
 		l.owners = owners
 		l.mu.Unlock()
+		// The per-node view names remote pods' jobs from their identities:
+		// after their top owner too (a no-op for the cluster-wide view).
+		l.index.SetRemoteOwners(owners)
 		l.synced = append(l.synced, synced...)
 		l.logger.Info("owner informers synced", "kinds", len(owners.stores))
 	}
@@ -226,11 +231,15 @@ func (l *Live) ownerChanged(key string) {
 	}
 	keys := l.owners.keysBelow(key)
 	if l.held != nil { // the per-node view: what its handlers hold
+		l.index.ForgetIdentities()
 		below := make(map[string]bool, len(keys))
 		for _, k := range keys {
 			below[k] = true
 		}
 		l.reidentifyLocked(below)
+		// A job's name and the owner objects below it may have changed:
+		// so may the selectors of the node's jobs.
+		l.regroupAllLocked()
 		return
 	}
 	for _, k := range keys {

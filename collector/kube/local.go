@@ -27,22 +27,39 @@ import (
 // informers, since l.held decides when a pod leaves the index.
 const sourceView = 0
 
-// jobSel selects one job's pods: the label of the rule that identifies
-// them and its value, in the job's namespace.
+// jobSel selects pods of one job: a label (a rule's, or the pod label of
+// an owner kind) and its value, in the job's namespace. A job may have
+// several (jobSelsLocked).
 type jobSel struct{ namespace, label, value string }
+
+// jobID names a job as the index does: its namespace and identity name.
+type jobID struct{ namespace, name string }
+
+// jobGroup is one job with pods on this node: its local pods, each with
+// its own selector and kind, and the selectors whose feeds it holds.
+type jobGroup struct {
+	local map[string]localPod // by namespace/name
+	sels  map[jobSel]bool
+}
+
+type localPod struct {
+	sel  jobSel
+	kind string
+}
 
 func (s jobSel) String() string { return s.namespace + "/" + s.label + "=" + s.value }
 
-// jobFeed is the informer of one job's pods. It runs while the node has a
-// pod of the job and, after the last one left, until the job has no pod
-// left anywhere: what the index says of the job (its existence, with the
-// counters of its flows here) stays what the cluster-wide view says.
+// jobFeed is the informer of one selector of a job's pods. It runs while
+// the node has a pod of a job with that selector and, after the last one
+// left, until no pod of the selector is left anywhere: what the index says
+// of the job (its existence, with the counters of its flows here) stays
+// what the cluster-wide view says.
 type jobFeed struct {
 	sel    jobSel
 	inf    cache.SharedIndexInformer
 	synced cache.InformerSynced
 	stop   chan struct{}
-	local  int // pods of the job on this node
+	local  int // jobs of this node that select pods by it (jobGroup.sels)
 	// held counts the pods this feed's handler put in the index and has
 	// not yet seen go (l.held): the feed stops only at zero, so no
 	// deletion it was handed is lost with it.
@@ -72,7 +89,7 @@ func NewLocal(client kubernetes.Interface, index *topology.Index, rules []topolo
 		return nil, nil, fmt.Errorf("the per-node view needs the node's name")
 	}
 	l := &Live{index: index, rules: rules, logger: logger, resync: resync, denied: NewDenials("kubernetes", logger),
-		client: client, feeds: map[jobSel]*jobFeed{}, localSel: map[string]jobSel{}, held: map[string][]holding{}, strip: PodStripper(rules)}
+		client: client, feeds: map[jobSel]*jobFeed{}, localJob: map[string]jobID{}, jobs: map[jobID]*jobGroup{}, held: map[string][]holding{}, strip: PodStripper(rules)}
 	nf, err := l.nodeInformer(client)
 	if err != nil {
 		return nil, nil, err
@@ -143,14 +160,32 @@ func (l *Live) localPod(o any) {
 	// Held until deleted, also once it names no job (the index drops it
 	// by this version: a feed's older one must not bring it back).
 	l.putLocked(nil, p)
-	prev, had := l.localSel[key]
-	if had && (!isJob || prev != sel) {
-		delete(l.localSel, key)
-		l.releaseLocked(prev)
+	l.placeLocalLocked(key, p, sel, isJob)
+}
+
+// placeLocalLocked makes a local pod count for the job its identity names
+// (its top owner's, with owners), leaving the job it counted for before.
+func (l *Live) placeLocalLocked(key string, p *CachedPod, sel jobSel, isJob bool) {
+	var id jobID
+	var kind string
+	if isJob {
+		ident := p.Pod(l.rules, l.ownersLocked()).Identity
+		id, kind = jobID{p.Namespace, ident.Name}, ident.Kind
 	}
-	if isJob && (!had || prev != sel) {
-		l.localSel[key] = sel
-		l.acquireLocked(sel)
+	prev, had := l.localJob[key]
+	if had && (!isJob || prev != id) {
+		delete(l.localJob, key)
+		l.leaveLocked(prev, key)
+	}
+	if isJob {
+		l.localJob[key] = id
+		g := l.jobs[id]
+		if g == nil {
+			g = &jobGroup{local: map[string]localPod{}, sels: map[jobSel]bool{}}
+			l.jobs[id] = g
+		}
+		g.local[key] = localPod{sel, kind}
+		l.regroupLocked(id, g)
 	}
 }
 
@@ -163,13 +198,103 @@ func (l *Live) localPodGone(o any) {
 	defer l.mu.Unlock()
 	l.dropLocked(nil, p.Namespace, p.Name)
 	key := p.Namespace + "/" + p.Name
-	if sel, had := l.localSel[key]; had {
-		delete(l.localSel, key)
-		l.releaseLocked(sel)
+	if id, had := l.localJob[key]; had {
+		delete(l.localJob, key)
+		l.leaveLocked(id, key)
 	}
 }
 
-// acquireLocked counts a local pod of the job, starting its feed.
+func (l *Live) ownersLocked() topology.Owners {
+	if l.owners == nil {
+		return nil
+	}
+	return l.owners
+}
+
+// leaveLocked takes a local pod out of its job; the job's feeds are
+// released with its last local pod.
+func (l *Live) leaveLocked(id jobID, key string) {
+	g := l.jobs[id]
+	if g == nil {
+		return
+	}
+	delete(g.local, key)
+	if len(g.local) == 0 {
+		delete(l.jobs, id)
+		for s := range g.sels {
+			l.releaseLocked(s)
+		}
+		return
+	}
+	l.regroupLocked(id, g)
+}
+
+// regroupLocked runs a feed for every selector of the job (jobSelsLocked)
+// and releases those it no longer has: new feeds start before old ones are
+// released, so a feed the job keeps is never restarted.
+func (l *Live) regroupLocked(id jobID, g *jobGroup) {
+	want := l.jobSelsLocked(id, g)
+	for s := range want {
+		if !g.sels[s] {
+			g.sels[s] = true
+			l.acquireLocked(s)
+		}
+	}
+	for s := range g.sels {
+		if !want[s] {
+			delete(g.sels, s)
+			l.releaseLocked(s)
+		}
+	}
+}
+
+// jobSelsLocked is every label selector under which a pod of the job may
+// be found, so that the node holds all of the job's pods however they are
+// labelled: the rule label of each local pod; the job's name under the
+// other rules of its kind (a RayJob's submitter, ray.io/originated-from-cr-name,
+// beside its cluster's ray.io/cluster); and, with owners, the pod label of
+// each owner object below the job's top owner (the RayJob's RayCluster).
+// Every node with a pod of the job derives the same set once its owners
+// have synced.
+func (l *Live) jobSelsLocked(id jobID, g *jobGroup) map[jobSel]bool {
+	want := map[jobSel]bool{}
+	kinds := map[string]bool{}
+	for _, lp := range g.local {
+		want[lp.sel] = true
+		kinds[lp.kind] = true
+	}
+	for _, r := range l.rules {
+		if kinds[r.Kind] && r.GroupLabel == "" && !r.KindFromOwner {
+			want[jobSel{id.namespace, r.NameLabel, id.name}] = true
+		}
+	}
+	if l.owners != nil {
+		for kind := range kinds {
+			for _, b := range l.owners.podLabelsBelow(id.namespace, kind, id.name) {
+				want[jobSel{id.namespace, b.label, b.value}] = true
+			}
+		}
+	}
+	return want
+}
+
+// regroupAllLocked places every local pod again after an owner changed:
+// its job's name may have changed, and the selectors of every job.
+func (l *Live) regroupAllLocked() {
+	for key := range l.localJob {
+		for _, h := range l.held[key] {
+			if h.by == nil {
+				sel, isJob := l.selOf(h.pod)
+				l.placeLocalLocked(key, h.pod, sel, isJob)
+			}
+		}
+	}
+	for id, g := range l.jobs {
+		l.regroupLocked(id, g)
+	}
+}
+
+// acquireLocked counts a job using the feed of sel, starting the feed.
 func (l *Live) acquireLocked(sel jobSel) {
 	if f := l.feeds[sel]; f != nil {
 		f.local++

@@ -26,6 +26,10 @@ type OwnerResource struct {
 	Kind string
 	// Selector narrows the watch (a label selector); empty for all.
 	Selector string
+	// PodLabel is the label whose value names an object of this kind on
+	// every pod below it (the per-node view selects a job's pods by it);
+	// empty where an owner above already names them all (a JobSet's Jobs).
+	PodLabel string
 }
 
 // OwnerResources are the owner objects between a job pod and the object a
@@ -38,8 +42,8 @@ type OwnerResource struct {
 // MPIJob's launcher Job needs no watch: its pods name the MPIJob.
 var OwnerResources = []OwnerResource{
 	{GVR: schema.GroupVersionResource{Group: "batch", Version: "v1", Resource: "jobs"}, Kind: "Job", Selector: "jobset.sigs.k8s.io/jobset-name"},
-	{GVR: schema.GroupVersionResource{Group: "jobset.x-k8s.io", Version: "v1alpha2", Resource: "jobsets"}, Kind: "JobSet"},
-	{GVR: schema.GroupVersionResource{Group: "ray.io", Version: "v1", Resource: "rayclusters"}, Kind: "RayCluster"},
+	{GVR: schema.GroupVersionResource{Group: "jobset.x-k8s.io", Version: "v1alpha2", Resource: "jobsets"}, Kind: "JobSet", PodLabel: "jobset.sigs.k8s.io/jobset-name"},
+	{GVR: schema.GroupVersionResource{Group: "ray.io", Version: "v1", Resource: "rayclusters"}, Kind: "RayCluster", PodLabel: "ray.io/cluster"},
 }
 
 type groupKind struct{ group, kind string }
@@ -53,12 +57,61 @@ type ownerStore struct {
 
 type ownerIndex struct {
 	groupKind
-	indexer cache.Indexer
+	indexer    cache.Indexer
+	podLabel   string // OwnerResource.PodLabel
+	apiVersion string
 }
 
 // controllerIndex indexes pods and owner objects by their controller
 // reference, so that a change of an owner reaches exactly the pods below it.
 const controllerIndex = "zonewatch-controller"
+
+// controllerKindIndex indexes owner objects by their controller's
+// namespace, kind and name (a job's identity names no API group).
+const controllerKindIndex = "zonewatch-controller-kind"
+
+func byControllerKind(obj any) ([]string, error) {
+	m, err := apimeta.Accessor(obj)
+	if err != nil {
+		return nil, nil
+	}
+	for _, o := range m.GetOwnerReferences() {
+		if o.Controller != nil && *o.Controller {
+			return []string{m.GetNamespace() + "/" + o.Kind + "/" + o.Name}, nil
+		}
+	}
+	return nil, nil
+}
+
+// labelValue is a pod label and its value.
+type labelValue struct{ label, value string }
+
+// podLabelsBelow lists, for the owner objects below the object of kind
+// and name (at any depth), the pod label that names each (a RayJob's
+// RayCluster: ray.io/cluster=<its name>).
+func (s *ownerStore) podLabelsBelow(namespace, kind, name string) []labelValue {
+	var out []labelValue
+	type obj struct{ kind, name string }
+	queue := []obj{{kind, name}}
+	seen := map[obj]bool{queue[0]: true}
+	for i := 0; i < len(queue) && i < 64; i++ {
+		for _, b := range s.below {
+			objs, _ := b.indexer.ByIndex(controllerKindIndex, namespace+"/"+queue[i].kind+"/"+queue[i].name)
+			for _, o := range objs {
+				m, ok := o.(*metav1.PartialObjectMetadata)
+				if !ok || seen[obj{b.kind, m.Name}] {
+					continue
+				}
+				seen[obj{b.kind, m.Name}] = true
+				queue = append(queue, obj{b.kind, m.Name})
+				if b.podLabel != "" {
+					out = append(out, labelValue{b.podLabel, m.Name})
+				}
+			}
+		}
+	}
+	return out
+}
 
 // objectKey names an object for controllerIndex: namespace, group, kind, name.
 func objectKey(namespace, group, kind, name string) string {
@@ -100,6 +153,25 @@ func (s *ownerStore) keysBelow(key string) []string {
 		}
 	}
 	return keys
+}
+
+// OwnerByLabels names the owner object a pod's labels name through an
+// owner kind's PodLabel, when the object exists (topology.LabelOwners: a
+// security identity holds labels, no owner reference).
+func (s *ownerStore) OwnerByLabels(namespace string, labels map[string]string) (topology.OwnerRef, bool) {
+	if s == nil {
+		return topology.OwnerRef{}, false
+	}
+	for _, b := range s.below {
+		v := labels[b.podLabel]
+		if b.podLabel == "" || v == "" {
+			continue
+		}
+		if _, ok, _ := b.indexer.GetByKey(namespace + "/" + v); ok {
+			return topology.OwnerRef{APIVersion: b.apiVersion, Kind: b.kind, Name: v}, true
+		}
+	}
+	return topology.OwnerRef{}, false
 }
 
 // ControllerOf returns the controller reference of the owner object o.
@@ -179,7 +251,7 @@ func startOwners(ctx context.Context, meta metadata.Interface, disc discovery.Di
 			logger.Warn("owner informer error handler", "resource", res.GVR.String(), "err", err)
 			continue
 		}
-		if err := inf.AddIndexers(cache.Indexers{controllerIndex: byController}); err != nil {
+		if err := inf.AddIndexers(cache.Indexers{controllerIndex: byController, controllerKindIndex: byControllerKind}); err != nil {
 			logger.Warn("owner informer index", "resource", res.GVR.String(), "err", err)
 			continue
 		}
@@ -206,7 +278,7 @@ func startOwners(ctx context.Context, meta metadata.Interface, disc discovery.Di
 			continue
 		}
 		store.stores[gk] = inf.GetStore()
-		store.below = append(store.below, ownerIndex{gk, inf.GetIndexer()})
+		store.below = append(store.below, ownerIndex{gk, inf.GetIndexer(), res.PodLabel, res.GVR.GroupVersion().String()})
 		if !forbidden {
 			synced = append(synced, inf.HasSynced)
 		}
