@@ -163,6 +163,7 @@ func TestCiliumLabFenceKinds(t *testing.T) {
 	// The ledger: every policy drop of the agents (all four nodes) is
 	// counted by an exporter, from here on.
 	agentStart, zwStart := allPolicyDrops(), sumExporters(t, addrs, drops, everyDrop)
+	unnamedStart := sumExporters(t, addrs, drops, unnamed)
 	ledger := func(what string) {
 		t.Helper()
 		eventually(t, time.Minute, what+": every agent policy drop counted by an exporter", func() (bool, string) {
@@ -200,10 +201,16 @@ func TestCiliumLabFenceKinds(t *testing.T) {
 	}
 
 	type result struct {
-		name, policy               string
-		agent, zw, all, hub, empty float64
+		name, policy                                    string
+		agent, zw, all, verdicts, hubDrops, empty, gone float64
 	}
 	var results []result
+	ledger("before the fences")
+	// gone: drops with policy="" after a fence was deleted (no policy in
+	// the cluster selects the endpoint then) while the agent still
+	// enforced it: the probes that wait for the fence to leave the
+	// datapath.
+	var gone float64
 	for _, fc := range []struct {
 		name, policy string
 		apply        func() (remove func() error)
@@ -232,7 +239,6 @@ func TestCiliumLabFenceKinds(t *testing.T) {
 			apply: ciliumApply(ctx, t, lab, kindsClusterEgress()),
 			from:  workers, port: port, nodes: []string{"gpu-a1", "gpu-a2"}},
 	} {
-		ledger("before " + fc.name)
 		onNodes := func(d map[string]float64) float64 {
 			var n float64
 			for _, node := range fc.nodes {
@@ -280,12 +286,15 @@ func TestCiliumLabFenceKinds(t *testing.T) {
 		}
 		empty := sumExporters(t, addrs, drops, unnamed) - emptyBefore
 		hub := map[string]int{}
-		var hubDrops float64
+		var hubDrops, verdicts float64
 		for _, node := range fc.nodes {
 			for k, v := range policyDrops(t, lab.Node(node), master, fc.port, since) {
 				hub[node+" "+k] += v
 				if strings.Contains(k, "type 1 ") {
 					hubDrops += float64(v)
+				}
+				if strings.Contains(k, "type 5 ") {
+					verdicts += float64(v)
 				}
 				if strings.Contains(k, "/") {
 					t.Errorf("%s: Hubble named a policy (%s): not a default-deny drop", fc.name, k)
@@ -301,7 +310,7 @@ func TestCiliumLabFenceKinds(t *testing.T) {
 		if empty != 0 {
 			t.Errorf("%s: %.0f drops with policy=\"\" while the fence selected the endpoint: %v", fc.name, empty, seriesOf(t, addrs, drops, unnamed))
 		}
-		results = append(results, result{fc.name, fc.policy, agent, zw, all, hubDrops, empty})
+		atDelete := sumExporters(t, addrs, drops, unnamed)
 		if err := remove(); err != nil {
 			t.Fatal(err)
 		}
@@ -309,10 +318,18 @@ func TestCiliumLabFenceKinds(t *testing.T) {
 		if !reach(fc.from, fc.port, true) {
 			t.Fatalf("%s: deleted, the senders still do not reach the coordinator on :%d", fc.name, fc.port)
 		}
+		ledger("after " + fc.name)
+		g := sumExporters(t, addrs, drops, unnamed) - atDelete
+		gone += g
+		results = append(results, result{fc.name, fc.policy, agent, zw, all, verdicts, hubDrops, empty, g})
 	}
-	ledger("at the end")
+	// Every policy="" drop of the test came after its fence was deleted.
+	if u := sumExporters(t, addrs, drops, unnamed) - unnamedStart; u != gone {
+		t.Errorf("%.0f drops with policy=\"\", %.0f of them after a fence was deleted: %v", u, gone, seriesOf(t, addrs, drops, unnamed))
+	}
 	for _, r := range results {
-		t.Logf("fence-kind %q: agents %.0f, exporters %.0f named %s (%.0f in all, %.0f unnamed), Hubble drop events %.0f", r.name, r.agent, r.zw, r.policy, r.all, r.empty, r.hub)
+		t.Logf("fence-kind %q: agents %.0f, exporters %.0f named %s (%.0f in all, %.0f with policy=\"\"), Hubble %.0f policy verdicts and %.0f drop events; after the delete, %.0f unnamed drops while the agents still enforced it",
+			r.name, r.agent, r.zw, r.policy, r.all, r.empty, r.verdicts, r.hubDrops, r.gone)
 	}
 	t.Logf("TestCiliumLabFenceKinds: %s (the lab's start %s)", time.Since(began).Round(time.Millisecond), lab.StartTime.Round(time.Millisecond))
 }
