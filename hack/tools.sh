@@ -386,9 +386,9 @@ controllers_recipe() { # out work
     'config/components/crd/bases/*.yaml' config/components/webhook/manifests.yaml
   controller_files "$out" lws "sigs.k8s.io/lws@$LWS_VERSION" 'config/crd/bases/*.yaml' config/webhook/manifests.yaml
   controller_files "$out" trainer-controller-manager "github.com/kubeflow/trainer/v2@$TRAINER_VERSION" \
-    'manifests/base/crds/*.yaml' manifests/base/webhook/manifests.yaml
+    'manifests/base/crds/trainer.kubeflow.org_*.yaml' manifests/base/webhook/manifests.yaml
   controller_files "$out" training-operator "github.com/kubeflow/training-operator@$TRAINING_OPERATOR_VERSION" \
-    'manifests/base/crds/*.yaml' manifests/base/webhook/manifests.yaml
+    'manifests/base/crds/kubeflow.org_*.yaml' manifests/base/webhook/manifests.yaml
   controller_files "$out" mpi-operator "github.com/kubeflow/mpi-operator@$MPI_OPERATOR_VERSION" \
     'manifests/base/kubeflow.org_mpijobs.yaml' ""
   controller_files "$out" kuberay-operator "github.com/ray-project/kuberay/ray-operator@$KUBERAY_VERSION" \
