@@ -490,7 +490,7 @@ tool cilium118 cilium "$CILIUM118_VERSION" "cilium118_recipe cilium_stamp cilium
 tool controllers k8s-controllers "$KUEUE_VERSION" \
   "controllers_recipe wrapper_module buildlist semver_max align_wrappers module_dir controller_files" \
   "$ALIGN_EXCEPT" "$CONTROLLER_RUNTIME_V023" "$CONTROLLER_RUNTIME_V022" "${CONTROLLERS_V023[@]}" "${CONTROLLERS_V022[@]}" \
-  -- "about 20 CPU-minutes"
+  -- "about 10 CPU-minutes"
 tool prometheus prometheus "$PROMETHEUS_VERSION" "prometheus_recipe goinstall" -- "minutes"
 tool alertmanager alertmanager "$ALERTMANAGER_VERSION" "alertmanager_recipe goinstall" -- "minutes"
 tool helm helm "$HELM_VERSION" "helm_recipe goinstall" -- "minutes"
