@@ -30,6 +30,8 @@ set -euo pipefail
 
 K8S_VERSION=v1.37.2
 K8S_STAGING_VERSION=v0.37.2
+# Built from one wrapper module (kube_recipe).
+KUBE_COMPONENTS="kube-apiserver kube-scheduler kube-proxy kube-controller-manager"
 PROMETHEUS_VERSION=v0.316.0
 ALERTMANAGER_VERSION=v0.31.1
 HELM_VERSION=v3.22.0
@@ -114,7 +116,9 @@ crane_recipe() { goinstall "$1" "github.com/google/go-containerregistry/cmd/cran
 # modules on their own: k8s.io/kubernetes points its staging modules at local
 # paths. A wrapper module replaces each with the published v0.x version of
 # the same release; the binaries are built from it in one go (they share
-# most packages). kube-proxy runs in the Cilium lab's iptables mode.
+# most packages). kube-proxy runs in the Cilium lab's iptables mode;
+# kube-controller-manager's Job and StatefulSet controllers create the pods
+# of JobSet, Trainer v2, the MPI launcher and LeaderWorkerSet (issue 43).
 kube_recipe() { # out work
   local out=$1 w=$2 gomod
   gomod=$(cd "$w" && go mod download -json "k8s.io/kubernetes@$K8S_VERSION" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')
@@ -125,10 +129,12 @@ kube_recipe() { # out work
     grep -oE '^\s*k8s\.io/[a-z0-9-]+ => \./staging/src/k8s\.io/[a-z0-9-]+' "$gomod" |
       awk -v v="$K8S_STAGING_VERSION" '{print "replace " $1 " => " $1 " " v}'
   } >"$w/go.mod"
-  printf '//go:build tools\n\npackage main\n\nimport (\n\t_ "k8s.io/kubernetes/cmd/kube-apiserver"\n\t_ "k8s.io/kubernetes/cmd/kube-scheduler"\n\t_ "k8s.io/kubernetes/cmd/kube-proxy"\n)\n' >"$w/tools.go"
+  # shellcheck disable=SC2086 # a list of names
+  { printf '//go:build tools\n\npackage main\n\nimport (\n'; printf '\t_ "k8s.io/kubernetes/cmd/%s"\n' $KUBE_COMPONENTS; printf ')\n'; } >"$w/tools.go"
   local ldflags="-s -w -X k8s.io/component-base/version.gitVersion=$K8S_VERSION -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=37"
-  (cd "$w" && go get "k8s.io/kubernetes/cmd/kube-apiserver@$K8S_VERSION" "k8s.io/kubernetes/cmd/kube-scheduler@$K8S_VERSION" "k8s.io/kubernetes/cmd/kube-proxy@$K8S_VERSION" >&2)
-  for c in kube-apiserver kube-scheduler kube-proxy; do
+  # shellcheck disable=SC2046,SC2086 # a list of names
+  (cd "$w" && go get $(printf "k8s.io/kubernetes/cmd/%s@$K8S_VERSION " $KUBE_COMPONENTS) >&2)
+  for c in $KUBE_COMPONENTS; do
     (cd "$w" && CGO_ENABLED=0 go build -trimpath -ldflags "$ldflags" -o "$out/$c" "k8s.io/kubernetes/cmd/$c")
   done
 }
@@ -198,36 +204,170 @@ cilium118_recipe() { # out work
   echo "$vstamp" >"$out/.version"
 }
 
-# prometheus-operator's go.mod replaces its own pkg/apis/monitoring and
-# pkg/client modules with local folders, so `go install` refuses it: a
-# wrapper module requires it and pins both to the published same version.
-prometheus_operator_recipe() { # out work
-  local out=$1 w=$2 v=$PROMETHEUS_OPERATOR_VERSION m=github.com/prometheus-operator/prometheus-operator
-  {
-    echo "module zonewatch.local/promoperator"
-    echo "go 1.26"
-    echo "require $m $v"
-    echo "replace $m/pkg/apis/monitoring => $m/pkg/apis/monitoring $v"
-    echo "replace $m/pkg/client => $m/pkg/client $v"
-  } >"$w/go.mod"
-  printf '//go:build tools\n\npackage main\n\nimport _ "%s/cmd/operator"\n' "$m" >"$w/tools.go"
-  (cd "$w" && go get "$m/cmd/operator@$v" >&2)
-  (cd "$w" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X github.com/prometheus/common/version.Version=${v#v}" -o "$out/operator" "$m/cmd/operator")
-}
+# The controller-runtime programs: Kueue, prometheus-operator and the six
+# training controllers (issue 43 runs them against the test apiserver).
+# Built each on its own graph (go install, or a wrapper per program), they
+# compiled client-go, apimachinery, apiserver and controller-runtime once
+# per graph: no two of them require the same versions. Here they are built
+# on two wrapper modules, split only by controller-runtime (below), whose
+# shared modules are then raised to the same versions (align_wrappers), so
+# the Go build cache compiles each shared package once for both. They do
+# not join the kube-* wrapper: k8s.io/kubernetes v1.37.2 fixes every
+# k8s.io module at v0.37.2, and there
+#   - controller-runtime v0.23.3 (and older) fails to compile:
+#     pkg/cache/multi_namespace_cache.go:363: handlerRegistration does not
+#     implement cache.ResourceEventHandlerRegistration (missing method
+#     HasSyncedChecker); v0.25.3 is the release for k8s.io v0.37;
+#   - Trainer v2.2.0's generated OpenAPI fails to compile against
+#     k8s.io/api v0.37.2: pkg/apis/trainer/v1alpha1/zz_generated.openapi.go:
+#     undefined: corev1.PodStatusResult, corev1.WorkloadReference.
+# So every controller keeps the k8s.io minor its own go.mod requires (v0.35,
+# at Kueue's patch v0.35.3; LWS asks v0.34.3, training-operator v0.31.3,
+# prometheus-operator v0.33.3: they build and run with it).
+#
+# Versions: the ones Kueue v0.17.0's go.mod requires (its integrations are
+# built against them, and analyze's CRD check reads their CRDs from those
+# versions; the issue 43 check found each served by the module proxy, with
+# no replace directive in its go.mod).
+JOBSET_VERSION=v0.11.1            # Kueue v0.17.0's; main.go
+LWS_VERSION=v0.8.0                # Kueue v0.17.0's; cmd/main.go
+TRAINER_VERSION=v2.2.0            # Kueue v0.17.0's; cmd/trainer-controller-manager
+TRAINING_OPERATOR_VERSION=v1.9.3  # Kueue v0.17.0's (the v1 operator's last); cmd/training-operator.v1
+MPI_OPERATOR_VERSION=v0.8.0       # Kueue v0.17.0's; cmd/mpi-operator
+KUBERAY_VERSION=v1.6.0            # Kueue v0.17.0's; ray-operator/main.go
+# The two controller-runtime lines. Kueue v0.17.0, Trainer v2.2.0 and MPI
+# Operator v0.8.0 require v0.23 (Kueue's v0.23.3). JobSet, LWS and KubeRay
+# require v0.22.4, training-operator v0.19.1 and prometheus-operator v0.21.0;
+# none of them compiles with v0.23.3 (the split):
+#   jobset pkg/webhooks/jobset_webhook.go:103, lws
+#   pkg/webhooks/leaderworkerset_webhook.go:43, training-operator
+#   pkg/webhooks/pytorch/pytorchjob_webhook.go:45, kuberay
+#   pkg/webhooks/v1/raycluster_webhook.go:23: not enough arguments in call
+#   to ctrl.NewWebhookManagedBy (have (Manager), want (manager.Manager, T));
+#   prometheus-operator pkg/admission/admission.go:88: not enough arguments
+#   in call to conversion.NewWebhookHandler (want (*Scheme, Registry)).
+# They build together on v0.22.4, the newest before that change.
+CONTROLLER_RUNTIME_V023=v0.23.3
+CONTROLLER_RUNTIME_V022=v0.22.4
+# Each: NAME=MAIN-PACKAGE@VERSION, built to NAME in the tool's folder.
+CONTROLLERS_V023=(
+  "kueue=sigs.k8s.io/kueue/cmd/kueue@$KUEUE_VERSION"
+  "trainer-controller-manager=github.com/kubeflow/trainer/v2/cmd/trainer-controller-manager@$TRAINER_VERSION"
+  "mpi-operator=github.com/kubeflow/mpi-operator/cmd/mpi-operator@$MPI_OPERATOR_VERSION"
+)
+CONTROLLERS_V022=(
+  "prometheus-operator=github.com/prometheus-operator/prometheus-operator/cmd/operator@$PROMETHEUS_OPERATOR_VERSION"
+  "jobset=sigs.k8s.io/jobset@$JOBSET_VERSION"
+  "lws=sigs.k8s.io/lws/cmd@$LWS_VERSION"
+  "training-operator=github.com/kubeflow/training-operator/cmd/training-operator.v1@$TRAINING_OPERATOR_VERSION"
+  "kuberay-operator=github.com/ray-project/kuberay/ray-operator@$KUBERAY_VERSION"
+)
 
-# Kueue's manager from its module (go install works: its go.mod replaces
-# nothing), stripped. Beside it: crds/ (Kueue's), webhook.yaml (its
-# webhook configurations, registered by URL in the test) and
-# controller-crds/ (PyTorchJob, MPIJob, JobSet, TrainJob runtimes,
-# RayCluster, LeaderWorkerSet CRDs at the versions Kueue requires).
-kueue_recipe() { # out work
-  local out=$1 v=$KUEUE_VERSION src m f mv mdir
-  mkdir -p "$out/crds" "$out/controller-crds"
-  GOBIN="$out" GOFLAGS=-buildvcs=false CGO_ENABLED=0 go install -trimpath \
-    -ldflags "-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion=$v" "sigs.k8s.io/kueue/cmd/kueue@$v"
-  src=$(go mod download -json "sigs.k8s.io/kueue@$v" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')
-  cp "$src"/config/components/crd/bases/*.yaml "$out/crds/"
-  cp "$src/config/components/webhook/manifests.yaml" "$out/webhook.yaml"
+# wrapper_module WORK NAME CR EXTRA SPEC...: a module in WORK whose tools.go
+# imports each SPEC's main package, required at its version, with
+# controller-runtime at CR; EXTRA is added to go.mod first (replaces).
+wrapper_module() {
+  local w=$1 name=$2 cr=$3 extra=$4 s
+  shift 4
+  mkdir -p "$w"
+  printf 'module zonewatch.local/%s\ngo 1.26\n%s\n' "$name" "$extra" >"$w/go.mod"
+  {
+    printf '//go:build tools\n\npackage main\n\nimport (\n'
+    for s in "$@"; do s=${s#*=}; printf '\t_ "%s"\n' "${s%@*}"; done
+    printf ')\n'
+  } >"$w/tools.go"
+  local gets=()
+  for s in "$@"; do gets+=("${s#*=}"); done
+  (cd "$w" && go get "${gets[@]}" "sigs.k8s.io/controller-runtime@$cr" >&2 && go mod tidy >&2)
+}
+# buildlist WORK: "module version" of every module the wrapper's main
+# packages are built from (not the rest of its module graph).
+buildlist() {
+  local pkgs
+  pkgs=$(grep -o '"[^"]*"' "$1/tools.go" | tr -d '"')
+  # shellcheck disable=SC2086 # a list of packages
+  (cd "$1" && go list -deps -f '{{with .Module}}{{if and .Version (not .Main)}}{{.Path}} {{.Version}}{{end}}{{end}}' $pkgs) | sort -u
+}
+# semver_max V...: the highest, in Go's order for these versions (a
+# pre-release or pseudo-version sorts before its release: "-" becomes "~").
+semver_max() { printf '%s\n' "$@" | sed 's/-/~/' | sort -V | tail -n 1 | sed 's/~/-/'; }
+# align_wrappers A B: every module both build goes to the higher of its two
+# versions in both, then both are tidied, until they agree. Except
+# controller-runtime (the split) and what requires its newer line:
+# cert-controller v0.16.0 (Kueue's) requires controller-runtime v0.23.3, so
+# JobSet, LWS and KubeRay keep their v0.15.0. controller-runtime must stay
+# where it was put.
+ALIGN_EXCEPT="sigs.k8s.io/controller-runtime github.com/open-policy-agent/cert-controller"
+align_wrappers() {
+  local a=$1 b=$2 i m va vb hi more cra crb
+  cra=$(cd "$a" && go list -m -f '{{.Version}}' sigs.k8s.io/controller-runtime)
+  crb=$(cd "$b" && go list -m -f '{{.Version}}' sigs.k8s.io/controller-runtime)
+  for i in 1 2 3 4 5; do
+    more=
+    buildlist "$a" >"$a/buildlist" && buildlist "$b" >"$b/buildlist"
+    while read -r m va vb; do
+      [ "$va" != "$vb" ] && [[ " $ALIGN_EXCEPT " != *" $m "* ]] || continue
+      hi=$(semver_max "$va" "$vb") more=1
+      [ "$va" = "$hi" ] || (cd "$a" && go mod edit -require="$m@$hi")
+      [ "$vb" = "$hi" ] || (cd "$b" && go mod edit -require="$m@$hi")
+    done < <(join "$a/buildlist" "$b/buildlist")
+    if [ -z "$more" ]; then
+      [ "$(cd "$a" && go list -m -f '{{.Version}}' sigs.k8s.io/controller-runtime)" = "$cra" ] &&
+        [ "$(cd "$b" && go list -m -f '{{.Version}}' sigs.k8s.io/controller-runtime)" = "$crb" ] ||
+        { log "aligning the wrappers moved controller-runtime"; return 1; }
+      return 0
+    fi
+    (cd "$a" && go mod tidy >&2) && (cd "$b" && go mod tidy >&2)
+  done
+  log "the wrappers' shared modules did not converge in 5 rounds"
+  return 1
+}
+# module_dir MODULE@VERSION: its folder in the module cache (downloaded).
+module_dir() { go mod download -json "$1" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p'; }
+# controller_files OUT NAME MODULE@VERSION CRDS WEBHOOK: NAME.d/ beside the
+# binary with the CRDs (a glob under the module) and the webhook
+# configuration (if the module has one) from the built version, and VERSION.
+controller_files() {
+  local out=$1/$2.d src f
+  src=$(module_dir "$3")
+  mkdir -p "$out/crds"
+  for f in $4; do cp "$src"/$f "$out/crds/"; done
+  [ -z "$5" ] || cp "$src/$5" "$out/webhook.yaml"
+  echo "$3" >"$out/VERSION"
+}
+controllers_recipe() { # out work
+  local out=$1 w=$2 s name pkg v ldx src m f mv mdir
+  local po=github.com/prometheus-operator/prometheus-operator
+  wrapper_module "$w/v023" controllers-v023 "$CONTROLLER_RUNTIME_V023" "" "${CONTROLLERS_V023[@]}"
+  # prometheus-operator's go.mod replaces its own pkg/apis/monitoring and
+  # pkg/client modules with local folders: pinned to the published same version.
+  wrapper_module "$w/v022" controllers-v022 "$CONTROLLER_RUNTIME_V022" \
+    "$(printf 'replace %s => %s %s\n' "$po/pkg/apis/monitoring" "$po/pkg/apis/monitoring" "$PROMETHEUS_OPERATOR_VERSION" \
+      "$po/pkg/client" "$po/pkg/client" "$PROMETHEUS_OPERATOR_VERSION")" "${CONTROLLERS_V022[@]}"
+  align_wrappers "$w/v023" "$w/v022"
+  mkdir -p "$out/wrappers"
+  for s in v023 v022; do cp "$w/$s/go.mod" "$out/wrappers/$s.go.mod"; cp "$w/$s/go.sum" "$out/wrappers/$s.go.sum"; done
+  for s in "${CONTROLLERS_V023[@]/#/v023:}" "${CONTROLLERS_V022[@]/#/v022:}"; do
+    name=${s#*:} name=${name%%=*} pkg=${s#*=} v=${pkg##*@} pkg=${pkg%@*}
+    case $name in
+      kueue) ldx="-X sigs.k8s.io/kueue/pkg/version.GitVersion=$v" ;;
+      prometheus-operator) ldx="-X github.com/prometheus/common/version.Version=${v#v}" ;;
+      jobset) ldx="-X sigs.k8s.io/jobset/pkg/version.GitVersion=$v" ;;
+      lws) ldx="-X sigs.k8s.io/lws/pkg/version.GitVersion=$v" ;;
+      mpi-operator) ldx="-X github.com/kubeflow/mpi-operator/pkg/version.Version=$v" ;;
+      *) ldx= ;;
+    esac
+    (cd "$w/${s%%:*}" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w $ldx" -o "$out/$name" "$pkg")
+    echo "$name $pkg $v" >>"$out/VERSIONS"
+  done
+  # Kueue: crds/, webhook.yaml (registered by URL in the test) and
+  # controller-crds/ (PyTorchJob, MPIJob, JobSet, TrainJob runtimes,
+  # RayCluster, LeaderWorkerSet CRDs at the versions Kueue requires, for
+  # analyze's CRD check).
+  src=$(module_dir "sigs.k8s.io/kueue@$KUEUE_VERSION")
+  mkdir -p "$out/kueue.d/crds" "$out/kueue.d/controller-crds"
+  cp "$src"/config/components/crd/bases/*.yaml "$out/kueue.d/crds/"
+  cp "$src/config/components/webhook/manifests.yaml" "$out/kueue.d/webhook.yaml"
   for pair in github.com/kubeflow/training-operator:manifests/base/crds/kubeflow.org_pytorchjobs.yaml \
     github.com/kubeflow/mpi-operator:manifests/base/kubeflow.org_mpijobs.yaml \
     sigs.k8s.io/jobset:config/components/crd/bases/jobset.x-k8s.io_jobsets.yaml \
@@ -236,10 +376,23 @@ kueue_recipe() { # out work
     sigs.k8s.io/lws:config/crd/bases/leaderworkerset.x-k8s.io_leaderworkersets.yaml; do
     m=${pair%%:*} f=${pair#*:}
     mv=$(awk -v m="$m" '$1 == m {print $2; exit}' "$src/go.mod")
-    mdir=$(go mod download -json "$m@$mv" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')
-    cp "$mdir/$f" "$out/controller-crds/"
-    echo "$m $mv $f" >>"$out/controller-crds/VERSIONS"
+    mdir=$(module_dir "$m@$mv")
+    cp "$mdir/$f" "$out/kueue.d/controller-crds/"
+    echo "$m $mv $f" >>"$out/kueue.d/controller-crds/VERSIONS"
   done
+  # The training controllers' own CRDs and webhook configurations, from the
+  # versions built (issue 43's harness installs them).
+  controller_files "$out" jobset "sigs.k8s.io/jobset@$JOBSET_VERSION" \
+    'config/components/crd/bases/*.yaml' config/components/webhook/manifests.yaml
+  controller_files "$out" lws "sigs.k8s.io/lws@$LWS_VERSION" 'config/crd/bases/*.yaml' config/webhook/manifests.yaml
+  controller_files "$out" trainer-controller-manager "github.com/kubeflow/trainer/v2@$TRAINER_VERSION" \
+    'manifests/base/crds/trainer.kubeflow.org_*.yaml' manifests/base/webhook/manifests.yaml
+  controller_files "$out" training-operator "github.com/kubeflow/training-operator@$TRAINING_OPERATOR_VERSION" \
+    'manifests/base/crds/kubeflow.org_*.yaml' manifests/base/webhook/manifests.yaml
+  controller_files "$out" mpi-operator "github.com/kubeflow/mpi-operator@$MPI_OPERATOR_VERSION" \
+    'manifests/base/kubeflow.org_mpijobs.yaml' ""
+  controller_files "$out" kuberay-operator "github.com/ray-project/kuberay/ray-operator@$KUBERAY_VERSION" \
+    'config/crd/bases/*.yaml' config/webhook/manifests.yaml
   chmod -R u+w "$out"
 }
 
@@ -329,13 +482,15 @@ if [ "$mode" != linters ]; then
 fi
 
 # The tools and their keys (after apt: the Cilium folders link its clang).
-tool kube kube "$K8S_VERSION" kube_recipe "$K8S_STAGING_VERSION" -- "about 8 minutes"
+tool kube kube "$K8S_VERSION" kube_recipe "$K8S_STAGING_VERSION" "$KUBE_COMPONENTS" -- "about 10 minutes"
 tool cilium cilium "$CILIUM_VERSION" "cilium_recipe cilium_stamp cilium_files" "$CILIUM_GOBGP_REPLACE" \
   "$(command -v clang-19 || true)" "$(command -v llc-19 || true)" -- "about 8 minutes, 3 GB"
 tool cilium118 cilium "$CILIUM118_VERSION" "cilium118_recipe cilium_stamp cilium_files" \
   "$(command -v clang-19 || true)" "$(command -v llc-19 || true)" -- "about 15 CPU-minutes, 3.5 GB"
-tool prometheus_operator prometheus-operator "$PROMETHEUS_OPERATOR_VERSION" prometheus_operator_recipe -- "minutes"
-tool kueue kueue "$KUEUE_VERSION" kueue_recipe -- "about 4 minutes"
+tool controllers k8s-controllers "$KUEUE_VERSION" \
+  "controllers_recipe wrapper_module buildlist semver_max align_wrappers module_dir controller_files" \
+  "$ALIGN_EXCEPT" "$CONTROLLER_RUNTIME_V023" "$CONTROLLER_RUNTIME_V022" "${CONTROLLERS_V023[@]}" "${CONTROLLERS_V022[@]}" \
+  -- "about 10 CPU-minutes"
 tool prometheus prometheus "$PROMETHEUS_VERSION" "prometheus_recipe goinstall" -- "minutes"
 tool alertmanager alertmanager "$ALERTMANAGER_VERSION" "alertmanager_recipe goinstall" -- "minutes"
 tool helm helm "$HELM_VERSION" "helm_recipe goinstall" -- "minutes"
@@ -361,9 +516,8 @@ lane1() {
 }
 lane2() {
   if [ "$mode" != linters ]; then
-    ensure kueue
+    ensure controllers
     ensure cilium118
-    ensure prometheus_operator
     ensure alertmanager
   fi
   ensure staticcheck
@@ -388,19 +542,23 @@ link() { ln -sfn "$1" "$bin/$2"; } # target name
 link "${dir[staticcheck]}/staticcheck" staticcheck
 link "${dir[actionlint]}/actionlint" actionlint
 if [ "$mode" != linters ]; then
-  for b in kube-apiserver kube-scheduler kube-proxy; do link "${dir[kube]}/$b" "$b"; done
+  for b in kube-apiserver kube-scheduler kube-proxy kube-controller-manager; do link "${dir[kube]}/$b" "$b"; done
   link "$(command -v etcd)" etcd
   for b in prometheus promtool; do link "${dir[prometheus]}/$b" "$b"; done
   for b in alertmanager amtool; do link "${dir[alertmanager]}/$b" "$b"; done
   link "${dir[helm]}/helm" helm
-  link "${dir[prometheus_operator]}/operator" prometheus-operator
   # The Cilium lab reads its folder (binaries, lib/bpf, llvm/) through this link.
   link "${dir[cilium]}" cilium
   link "${dir[cilium118]}" cilium-1.18
-  # Kueue's manager and, through the folder link, its CRDs and webhook
-  # configuration.
-  link "${dir[kueue]}/kueue" kueue
-  link "${dir[kueue]}" kueue.d
+  # The controllers (Kueue, prometheus-operator, the training controllers)
+  # and, for each but prometheus-operator, NAME.d: its CRDs and webhook
+  # configuration (Kueue's also the training controllers' CRDs at the
+  # versions it requires).
+  link "${dir[controllers]}/prometheus-operator" prometheus-operator
+  for b in kueue jobset lws trainer-controller-manager training-operator mpi-operator kuberay-operator; do
+    link "${dir[controllers]}/$b" "$b"
+    link "${dir[controllers]}/$b.d" "$b.d"
+  done
 fi
 if [ "$mode" = release ]; then
   link "${dir[cyclonedx]}/cyclonedx-gomod" cyclonedx-gomod
