@@ -388,6 +388,18 @@ func (c *Client) session(ctx context.Context, since time.Time, reconnect bool) (
 		if n := st.GetNumUnavailableNodes().GetValue(); n > 0 {
 			c.logger.Warn("hubble relay cannot reach some nodes; their flows are missing", "count", n, "nodes", st.GetUnavailableNodes())
 		}
+		if st.GetNumConnectedNodes() == nil && st.GetNumFlows() == 0 {
+			emptyAt := time.Now()
+			if err := c.awaitFirstEvent(ctx, obs); err != nil {
+				return false, err
+			}
+			if since.IsZero() {
+				// Every event in the ring came after it was empty: ask
+				// for all of them (a follow without since starts two
+				// back).
+				since = emptyAt
+			}
+		}
 	case status.Code(err) == codes.Unimplemented:
 		c.logger.Debug("hubble server has no ServerStatus", "err", err)
 	default:
@@ -476,6 +488,52 @@ func (c *Client) session(ctx context.Context, since time.Time, reconnect bool) (
 			// for as long as the mask is asked for.
 			c.nodeRefusedMask = false
 			return true, errMaskRefused
+		}
+	}
+}
+
+// emptyRingPoll is how often awaitFirstEvent asks an empty ring's
+// server again.
+const emptyRingPoll = time.Second
+
+// awaitFirstEvent waits until a node's Hubble ring holds an event before
+// the stream is asked for. Cilium's ring reader (v1.20.2
+// pkg/hubble/observer newRingReader, container.Ring) starts a follow on an
+// empty ring at LastWriteParallel() = write-2, which underflows: the
+// reader then waits for a slot near the end of the ring and delivers
+// nothing until the ring has wrapped once (max_flows events, 4,095 by
+// default), and loses those. A freshly started or restarted agent has an
+// empty ring: seen on the real agents of the lab (ServerStatus num_flows=0
+// seen_flows=0, then a stream that delivered none of the node's flows).
+// Once one event is in, since (the resume point, or the exporter's start)
+// replays what came meanwhile. The wait counts as an open stream for
+// zonewatch_source_up: the server answers, it has nothing to say yet.
+// Through Relay (it reports connected nodes) each node's stream is
+// Relay's, not waited for here.
+func (c *Client) awaitFirstEvent(ctx context.Context, obs observerpb.ObserverClient) error {
+	c.openedAt.Store(time.Now().UnixNano())
+	logged := false
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(emptyRingPoll):
+		}
+		sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		st, err := obs.ServerStatus(sctx, &observerpb.ServerStatusRequest{})
+		cancel()
+		if err != nil {
+			return fmt.Errorf("hubble server status at %s: %w", c.cfg.Address, err)
+		}
+		if st.GetNumFlows() > 0 {
+			if logged {
+				c.logger.Info("hubble ring has its first event: following", "address", c.cfg.Address, "num_flows", st.GetNumFlows())
+			}
+			return nil
+		}
+		if !logged {
+			c.logger.Info("hubble ring empty (a fresh agent): waiting for its first event before following, as Cilium's reader skips a ring's worth of events when a follow starts on an empty ring", "address", c.cfg.Address)
+			logged = true
 		}
 	}
 }

@@ -33,7 +33,9 @@ type refusingObserver struct {
 }
 
 func (o *refusingObserver) ServerStatus(context.Context, *observerpb.ServerStatusRequest) (*observerpb.ServerStatusResponse, error) {
-	return &observerpb.ServerStatusResponse{Version: sim.HubbleVersion}, nil
+	// An agent's ring with events in it (an empty one is waited on before
+	// GetFlows: awaitFirstEvent).
+	return &observerpb.ServerStatusResponse{Version: sim.HubbleVersion, NumFlows: 2, MaxFlows: 4095}, nil
 }
 
 func (o *refusingObserver) GetFlows(*observerpb.GetFlowsRequest, grpc.ServerStreamingServer[observerpb.GetFlowsResponse]) error {

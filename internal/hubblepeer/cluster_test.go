@@ -202,6 +202,13 @@ type node struct {
 
 func startNode(t testing.TB, name string) *node {
 	t.Helper()
+	return startNodeRing(t, name, true)
+}
+
+// startNodeRing is startNode; filled false leaves the ring empty, as a
+// freshly started agent's is.
+func startNodeRing(t testing.TB, name string, filled bool) *node {
+	t.Helper()
 	dir, err := os.MkdirTemp("", "zwp")
 	if err != nil {
 		t.Fatal(err)
@@ -220,11 +227,14 @@ func startNode(t testing.TB, name string) *node {
 	}
 	n.obs = obs
 	go obs.Start()
-	// An agent's ring is never empty for long; a follower of an empty one
-	// would start at LastWriteParallel = 0-2 and wait for ever.
-	n.flush()
-	n.flush()
-	waitFor(t, "the ring to hold two events", func() bool { return obs.GetRingBuffer().Len() >= 2 })
+	// A follower of an empty ring starts at LastWriteParallel = 0-2 and
+	// waits for a ring's worth of events (TestCiliumEmptyRingFollowed):
+	// most tests start with events in it.
+	if filled {
+		n.flush()
+		n.flush()
+		waitFor(t, "the ring to hold two events", func() bool { return obs.GetRingBuffer().Len() >= 2 })
+	}
 	n.serve(t)
 	t.Cleanup(func() {
 		n.stop()

@@ -247,6 +247,30 @@ func TestCiliumFirstConnectionNewFlowsOnly(t *testing.T) {
 	}
 }
 
+// TestCiliumEmptyRingFollowed: an exporter that connects to a freshly
+// started agent, whose Hubble ring is still empty, counts the node's
+// flows. Cilium's ring reader starts a follow on an empty ring at
+// LastWriteParallel() = 0-2 and delivers nothing until the ring has
+// wrapped (seen on the lab's real agents: num_flows=0 at connect, then
+// none of the node's flows); the client waits for the ring's first event
+// before it asks for the stream, and its since replays that event on.
+func TestCiliumEmptyRingFollowed(t *testing.T) {
+	a := startNodeRing(t, nodeA, false)
+	b := a2()
+	c := follow(t, a, hubble.Config{})
+	// The client has looked at the empty ring: it either asked for the
+	// stream already or is waiting (an open source, up after 5 s).
+	waitFor(t, "the client at the empty ring", func() bool { return a.getFlows.Load() > 0 || c.Up() })
+	for i := range 3 {
+		connect(a, b, bertW, bertC, uint16(45000+i), rendezvousPort)
+	}
+	a.flush()
+	settle(t, "the flows", func() bool { return c.totals(t).forwarded >= 6 })
+	if got := c.totals(t).forwarded; got != 6 {
+		t.Errorf("forwarded %v, want 6 (the SYN and data segment of 3 connections): a follow started on the empty ring", got)
+	}
+}
+
 // TestCiliumRefusesUnknownMaskPath: Cilium's server fails GetFlows when the
 // mask names a field its Flow lacks (an older server); the client falls
 // back to whole flows, counts the refusal once, and counts the flows.
