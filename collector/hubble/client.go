@@ -376,6 +376,7 @@ func (c *Client) session(ctx context.Context, since time.Time, reconnect bool) (
 	defer conn.Close()
 	obs := observerpb.NewObserverClient(conn)
 
+	statusAt := time.Now()
 	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	st, err := obs.ServerStatus(sctx, &observerpb.ServerStatusRequest{})
 	cancel()
@@ -389,15 +390,14 @@ func (c *Client) session(ctx context.Context, since time.Time, reconnect bool) (
 			c.logger.Warn("hubble relay cannot reach some nodes; their flows are missing", "count", n, "nodes", st.GetUnavailableNodes())
 		}
 		if st.GetNumConnectedNodes() == nil && st.GetNumFlows() == 0 {
-			emptyAt := time.Now()
 			if err := c.awaitFirstEvent(ctx, obs); err != nil {
 				return false, err
 			}
 			if since.IsZero() {
-				// Every event in the ring came after it was empty: ask
-				// for all of them (a follow without since starts two
-				// back).
-				since = emptyAt
+				// Every event in the ring came after the status that
+				// found it empty was asked for: ask for all of them (a
+				// follow without since starts two back).
+				since = statusAt
 			}
 		}
 	case status.Code(err) == codes.Unimplemented:
