@@ -65,20 +65,7 @@ func TestCiliumLabAllowListFence(t *testing.T) {
 	}
 	master := add(job+"-master-0", "cpu-b1", "master", zoneB)
 	workers := []*ciliumlab.Pod{add(job+"-worker-0", "gpu-a1", "worker", zoneA), add(job+"-worker-1", "gpu-a2", "worker", zoneA)}
-	ln, err := master.Listen(port)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			c.Close()
-		}
-	}()
+	acceptAndClose(t, master, port)
 
 	// The DaemonSet exporter of the coordinator's node: the chart's args,
 	// ServiceAccount and ClusterRole (list/watch cilium.io).
@@ -170,4 +157,24 @@ func agentPolicyDrops(drops map[string]float64, node string) float64 {
 		}
 	}
 	return n
+}
+
+// acceptAndClose makes p accept every connection on port and close it at
+// once (a SYN that gets through is a connection), until the test ends.
+func acceptAndClose(t *testing.T, p *ciliumlab.Pod, port int) {
+	t.Helper()
+	ln, err := p.Listen(port)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
 }

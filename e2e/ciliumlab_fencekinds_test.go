@@ -131,20 +131,7 @@ func TestCiliumLabFenceKinds(t *testing.T) {
 	w0, w1 := add(job+"-worker-0", "gpu-a1", "worker", "0", zoneA), add(job+"-worker-1", "gpu-a2", "worker", "1", zoneA)
 	workers := []*ciliumlab.Pod{w0, w1}
 	for _, p := range []int{port, other} {
-		ln, err := master.Listen(p)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer ln.Close()
-		go func() {
-			for {
-				c, err := ln.Accept()
-				if err != nil {
-					return
-				}
-				c.Close()
-			}
-		}()
+		acceptAndClose(t, master, p)
 	}
 	// The DaemonSet exporters of the coordinator's node (ingress drops)
 	// and of the workers' nodes (egress drops).

@@ -253,15 +253,13 @@ func (x *Index) remoteJobExistsLocked(jk jobKey) bool {
 	if rj == nil {
 		return false
 	}
-	has, cheap := r.ids.(interface{ HasIdentity(uint32) bool })
+	known := func(id uint32) bool { _, _, ok := r.ids.Labels(id); return ok }
+	if h, ok := r.ids.(interface{ HasIdentity(uint32) bool }); ok {
+		known = h.HasIdentity // without building the labels
+	}
 	for id := range rj.ids {
-		if cheap && has.HasIdentity(id) {
+		if known(id) {
 			return true
-		}
-		if !cheap {
-			if _, _, ok := r.ids.Labels(id); ok {
-				return true
-			}
 		}
 	}
 	return false
