@@ -101,3 +101,44 @@ func TestPodsGoneKeepsPlace(t *testing.T) {
 		t.Errorf("5000 departures behind: %d handed out, next %d, missed %v; want fewer, %d, true", len(ds), now, missed, next+5000)
 	}
 }
+
+// TestTerminatingPods: a job pod counts as terminating from its API
+// deletion until it finishes or leaves the index, on its node and in the
+// sum; a host-network pod (no endpoint of its own) and an unscheduled one
+// never do, and the counts return to zero (issue 45, item 7).
+func TestTerminatingPods(t *testing.T) {
+	x := topology.NewIndex()
+	id := topology.Identity{Kind: "PyTorchJob", Name: "train", Role: topology.RoleWorker}
+	want := func(n1, n2, all int) {
+		t.Helper()
+		if a, b, c := x.TerminatingPods("n1"), x.TerminatingPods("n2"), x.TerminatingPods(""); a != n1 || b != n2 || c != all {
+			t.Fatalf("terminating n1=%d n2=%d all=%d, want %d %d %d", a, b, c, n1, n2, all)
+		}
+	}
+	w0 := topology.Pod{Namespace: "ml", Name: "w0", Node: "n1", IPs: []netip.Addr{netip.MustParseAddr("10.1.0.10")}, Identity: id}
+	w1 := topology.Pod{Namespace: "ml", Name: "w1", Node: "n1", IPs: []netip.Addr{netip.MustParseAddr("10.1.0.11")}, Identity: id}
+	w2 := topology.Pod{Namespace: "ml", Name: "w2", Node: "n2", IPs: []netip.Addr{netip.MustParseAddr("10.2.0.10")}, Identity: id}
+	host := topology.Pod{Namespace: "ml", Name: "h", Node: "n1", HostNetwork: true, Identity: id, Terminating: true}
+	pending := topology.Pod{Namespace: "ml", Name: "p", Identity: id, Terminating: true}
+	for _, p := range []topology.Pod{w0, w1, w2, host, pending} {
+		x.UpsertPod(0, p)
+	}
+	want(0, 0, 0)
+	w0.Terminating, w1.Terminating, w2.Terminating = true, true, true
+	x.UpsertPod(0, w0)
+	x.UpsertPod(0, w0) // the same again: no change
+	x.UpsertPod(0, w1)
+	x.UpsertPod(0, w2)
+	x.UpsertPod(1, w2) // a second feed holds it too
+	want(2, 1, 3)
+	w0.Finished = true
+	x.UpsertPod(0, w0) // its containers ended: not running any more
+	want(1, 1, 2)
+	x.DeletePod(0, "ml", "w1")
+	x.DeletePod(0, "ml", "w2") // feed 1 still holds it
+	want(0, 1, 1)
+	w2.Identity = topology.Identity{}
+	x.UpsertPod(1, w2) // no job any more: out of the index
+	x.DeletePod(0, "ml", "w0")
+	want(0, 0, 0)
+}

@@ -87,6 +87,13 @@ type Pod struct {
 // not finished and not terminating.
 func (p *Pod) Scheduled() bool { return p.Node != "" && !p.Finished && !p.Terminating }
 
+// lingering reports whether a pod on a node is terminating and not
+// finished: its endpoint, and the conntrack entries Cilium deletes with
+// it, are still there, for as long as its grace period lets it run.
+func (p *Pod) lingering() bool {
+	return p.Node != "" && p.Terminating && !p.Finished && !p.HostNetwork
+}
+
 type podKey struct{ namespace, name string }
 type jobKey struct{ namespace, name string }
 
@@ -152,6 +159,10 @@ type Index struct {
 	// departed logs the job pods that stopped counting for placement
 	// (PodsGone).
 	departed departures
+	// terminating counts, per node, the job pods that are terminating
+	// but still running (TerminatingPods); terminatingAll is their sum.
+	terminating    map[string]int
+	terminatingAll int
 
 	// svc holds the Services' cluster IPs and ready backends (services.go).
 	svc services
@@ -174,6 +185,8 @@ func NewIndex() *Index {
 		jobs:     map[jobKey]*jobRec{},
 		departed: departures{wake: make(chan struct{})},
 		nodeJobs: map[string]map[jobKey]int{},
+
+		terminating: map[string]int{},
 	}
 }
 
@@ -318,6 +331,10 @@ func (x *Index) UpsertPod(source int, p Pod) {
 			x.podIPs[a.Unmap()] = rec
 		}
 	}
+	if p.lingering() {
+		x.terminating[p.Node]++
+		x.terminatingAll++
+	}
 	x.generation.Add(1)
 }
 
@@ -343,6 +360,12 @@ func (x *Index) DeletePod(source int, namespace, name string) {
 func (x *Index) removePodLocked(rec *podRec) {
 	k := podKey{rec.Namespace, rec.Name}
 	delete(x.pods, k)
+	if rec.lingering() {
+		if x.terminating[rec.Node]--; x.terminating[rec.Node] <= 0 {
+			delete(x.terminating, rec.Node)
+		}
+		x.terminatingAll--
+	}
 	for _, a := range rec.IPs {
 		if x.podIPs[a.Unmap()] == rec {
 			delete(x.podIPs, a.Unmap())
@@ -369,6 +392,18 @@ func (x *Index) removePodLocked(rec *podRec) {
 			delete(x.jobs, jobKey{j.Namespace, j.Name})
 		}
 	}
+}
+
+// TerminatingPods returns how many job pods on node (on every node when
+// node is empty) are terminating and not finished yet: pods whose
+// endpoints may go at any moment of a grace period of any length.
+func (x *Index) TerminatingPods(node string) int {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	if node == "" {
+		return x.terminatingAll
+	}
+	return x.terminating[node]
 }
 
 // samePod reports whether an update changes nothing the index keeps.

@@ -13,24 +13,25 @@ import (
 	"github.com/zonewatch/zonewatch/topology"
 )
 
-// lossRun replays one transfer through a real Poller on a simulated
-// clock, with Run's schedule: the worker sends total bytes at rate from
-// time 0; its pod goes at goAt (the informer's event, which wakes Run
-// at once: the index's PodsGone), sends on for sendOn, and Cilium deletes
-// its entry (endpoint removal scrubs its CT entries) delAfter after goAt. polls
-// start at phase. With event, the schedule knows the pod went (Run);
-// without, it polls every interval only (the exporter before issue 26).
-// It returns what was lost and how many active entries went.
+// lossRun replays one transfer through a real Poller and a real index on
+// a simulated clock, with Run's schedule: the worker sends total bytes at
+// rate from time 0; its pod goes (terminating: the API deletion, which
+// the index logs and wakes Run for at once: PodsGone) at goAt, sends on
+// for sendOn, and Cilium deletes its entry (endpoint removal scrubs its CT
+// entries) delAfter after goAt, when the pod object goes too. polls start
+// at phase. With event, the schedule learns from the index that the pod
+// went and is terminating (Run); without, it polls every interval only
+// (the exporter before issue 26). It returns what was lost and how many
+// active entries went.
 func lossRun(t *testing.T, interval, phase time.Duration, rate, total float64, goAt, sendOn, delAfter time.Duration, event bool) (lost, activeGone float64) {
 	t.Helper()
 	idx := topology.NewIndex()
 	idx.UpsertNode(topology.Node{Name: "n1", Zone: "z-a", PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.1.0.0/24")}})
 	idx.UpsertNode(topology.Node{Name: "n2", Zone: "z-b", PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.2.0.0/24")}})
 	w, m := netip.MustParseAddr("10.1.0.10"), netip.MustParseAddr("10.2.0.10")
-	for _, p := range []topology.Pod{{Name: "w", Node: "n1", IPs: []netip.Addr{w}}, {Name: "m", Node: "n2", IPs: []netip.Addr{m}}} {
-		p.Namespace, p.Identity = "ml", topology.Identity{Kind: "PyTorchJob", Name: "train"}
-		idx.UpsertPod(0, p)
-	}
+	worker := topology.Pod{Namespace: "ml", Name: "w", Node: "n1", IPs: []netip.Addr{w}, Identity: topology.Identity{Kind: "PyTorchJob", Name: "train"}}
+	idx.UpsertPod(0, worker)
+	idx.UpsertPod(0, topology.Pod{Namespace: "ml", Name: "m", Node: "n2", IPs: []netip.Addr{m}, Identity: worker.Identity})
 	src := NewMemSource()
 	p, err := New(src, idx, Config{Node: "n1", Layout: LayoutCombined})
 	if err != nil {
@@ -55,18 +56,41 @@ func lossRun(t *testing.T, interval, phase time.Duration, rate, total float64, g
 	src.Set(MapTCP4, tab)
 	p.Poll(t0.Add(-interval + phase))
 	s.polled(t0.Add(-interval+phase), 0)
+	_, _, wake := p.podsWent() // Run's first look takes the index's cursor
+	gone := false
 	for at := time.Duration(0); at <= goAt+delAfter+2*interval; at += step {
-		if at >= goAt+delAfter {
+		switch {
+		case at >= goAt+delAfter:
 			tab.Reset() // the endpoint's entries are gone, the map stays
-		} else {
+			if !gone {
+				idx.DeletePod(0, "ml", "w")
+				gone = true
+			}
+		case at >= goAt && !worker.Terminating:
+			worker.Terminating = true
+			idx.UpsertPod(0, worker)
+			put(at)
+		default:
 			put(at)
 		}
 		now := t0.Add(at)
-		// Run ticks every watchEvery (at the phase) and wakes when a pod
-		// goes (the first step at or after goAt).
-		tick := (at-phase)%watchEvery == 0
-		went := event && at >= goAt && at-goAt < step
-		if (tick || went) && s.due(now, went) {
+		// Run looks every watchEvery (at the phase) and when woken by a
+		// pod's going.
+		woken := false
+		select {
+		case <-wake:
+			woken = true
+		default:
+		}
+		if (at-phase)%watchEvery != 0 && !woken {
+			continue
+		}
+		went, terminating, next := p.podsWent()
+		wake = next
+		if !event {
+			went, terminating = false, false
+		}
+		if s.due(now, went, terminating) {
 			p.Poll(now)
 			s.polled(now, 0)
 		}
@@ -127,6 +151,35 @@ func TestMissedBytesByInterval(t *testing.T) {
 	t.Log(tbl.String())
 }
 
+// TestLongGraceLastIntervalCounted: a pod whose grace period outlasts
+// goingWindow (a checkpoint written for two minutes after SIGTERM) sends
+// until the kubelet kills it, and its endpoint goes half a second later.
+// The fast reads lasted goingWindow from the pod's going (issue 45): at
+// 10 s polls the last interval before the CNI DEL was lost. Now they go
+// on while the pod is terminating: it loses at most one fast read's
+// worth, whatever its grace period.
+func TestLongGraceLastIntervalCounted(t *testing.T) {
+	const rate, total = 2e6, 1e12 // 2 MB/s for as long as it runs
+	for _, grace := range []time.Duration{goingWindow + 15*time.Second, 2 * time.Minute, 10 * time.Minute} {
+		for _, interval := range []time.Duration{10 * time.Second, 30 * time.Second} {
+			worst := 0.0
+			for ph := range 4 {
+				phase := time.Duration(ph) * interval / 4
+				phase -= phase % watchEvery
+				for _, goAt := range []time.Duration{5 * time.Second, 5*time.Second + 350*time.Millisecond} {
+					lost, _ := lossRun(t, interval, phase, rate, total, goAt, grace, grace+500*time.Millisecond, true)
+					worst = max(worst, lost)
+				}
+			}
+			t.Logf("grace %v, polls every %v: lost at most %.0f bytes (%.1f s of sending)", grace, interval, worst, worst/rate)
+			if limit := rate * (fastInterval + watchEvery).Seconds(); worst > limit {
+				t.Errorf("grace %v, polls every %v: lost up to %.0f bytes (%.1f s of sending), want at most %v of sending",
+					grace, interval, worst, worst/rate, fastInterval+watchEvery)
+			}
+		}
+	}
+}
+
 // TestScheduleReadsWhenPodsGo: Run's schedule polls every interval, at
 // once when a pod went, then every fastInterval (or five times a slow
 // poll) for goingWindow.
@@ -136,7 +189,7 @@ func TestScheduleReadsWhenPodsGo(t *testing.T) {
 	var polls []time.Duration
 	run := func(from, to time.Duration, wentAt time.Duration, took time.Duration) {
 		for at := from; at < to; at += watchEvery {
-			if s.due(t0.Add(at), at == wentAt) {
+			if s.due(t0.Add(at), at == wentAt, false) {
 				polls = append(polls, at)
 				s.polled(t0.Add(at), took)
 			}
@@ -152,6 +205,25 @@ func TestScheduleReadsWhenPodsGo(t *testing.T) {
 	fast := int(goingWindow / fastInterval)
 	if len(polls) < fast || polls[0] != 25*time.Second || polls[1] != 26*time.Second {
 		t.Fatalf("polls after a pod went: %v", polls)
+	}
+	if last := polls[len(polls)-1] - polls[len(polls)-2]; last != 10*time.Second {
+		t.Fatalf("back to %v after the window, want 10s: %v", last, polls)
+	}
+	// A pod terminating for longer than the window keeps the reads fast
+	// until it is gone, and goingWindow after.
+	s = schedule{interval: 10 * time.Second}
+	polls = nil
+	const end = 3 * time.Minute // the pod terminates from 0 to end
+	for at := time.Duration(0); at < end+goingWindow+30*time.Second; at += watchEvery {
+		if s.due(t0.Add(at), at == 0, at < end) {
+			polls = append(polls, at)
+			s.polled(t0.Add(at), 0)
+		}
+	}
+	for i := 1; i < len(polls); i++ {
+		if gap := polls[i] - polls[i-1]; polls[i] <= end+goingWindow && gap != fastInterval {
+			t.Fatalf("a %v gap at %v while a pod terminated (or within goingWindow after): %v", gap, polls[i], polls)
+		}
 	}
 	if last := polls[len(polls)-1] - polls[len(polls)-2]; last != 10*time.Second {
 		t.Fatalf("back to %v after the window, want 10s: %v", last, polls)

@@ -10,9 +10,10 @@ import (
 
 // Run polls every interval until ctx ends. When a job pod of this node
 // stops counting (terminating, finished or deleted), it reads at once and
-// then every fastInterval for goingWindow: Cilium deletes the CT entries
-// of an endpoint with it, and what they moved since the last read would
-// be lost (docs/conntrack.md, "What can be missed between polls").
+// then every fastInterval for as long as a job pod of this node is
+// terminating and goingWindow after: Cilium deletes the CT entries of an
+// endpoint with it, and what they moved since the last read would be lost
+// (docs/conntrack.md, "What can be missed between polls").
 func (p *Poller) Run(ctx context.Context, interval time.Duration) {
 	s := schedule{interval: interval}
 	tick := time.NewTicker(min(interval, watchEvery))
@@ -20,8 +21,8 @@ func (p *Poller) Run(ctx context.Context, interval time.Duration) {
 	for {
 		now := time.Now()
 		// The first call takes the count there is now.
-		went, wake := p.podsWent()
-		if s.due(now, went) {
+		went, terminating, wake := p.podsWent()
+		if s.due(now, went, terminating) {
 			p.Poll(now)
 			s.polled(now, time.Since(now))
 		}
@@ -37,8 +38,11 @@ func (p *Poller) Run(ctx context.Context, interval time.Duration) {
 // How Run follows pods that go: the index wakes it at once when one does
 // (and it looks every watchEvery); after a pod went, the maps are read
 // every fastInterval (or five times the last poll's duration, if longer)
-// for goingWindow: the pod's termination grace period (30 s by default)
-// and its CNI DEL, after which Cilium has deleted its entries.
+// while a job pod of the node is terminating (its grace period, of any
+// length: its containers may stop, and its endpoint go, at any moment of
+// it) and for goingWindow after the going or the last look that found one
+// terminating: a finished or deleted pod's CNI DEL, after which Cilium has
+// deleted its entries.
 const (
 	watchEvery   = time.Second
 	fastInterval = time.Second
@@ -53,10 +57,13 @@ type schedule struct {
 	fastUntil time.Time
 }
 
-// due reports whether to poll at now; went: a pod went since the last call.
-func (s *schedule) due(now time.Time, went bool) bool {
-	if went {
+// due reports whether to poll at now; went: a pod went since the last
+// call; terminating: a pod is terminating now.
+func (s *schedule) due(now time.Time, went, terminating bool) bool {
+	if went || terminating {
 		s.fastUntil = now.Add(goingWindow)
+	}
+	if went {
 		return true
 	}
 	if s.last.IsZero() {
@@ -76,22 +83,24 @@ func (s *schedule) polled(at time.Time, took time.Duration) { s.last, s.took = a
 // without it gets no reads on pod changes.
 type podIndex interface {
 	PodsGone(after uint64, dst []topology.Departure) ([]topology.Departure, uint64, bool, <-chan struct{})
+	TerminatingPods(node string) int
 }
 
 // podsWent reports whether a job pod of this node (of any node with an
 // empty Config.Node) stopped counting for placement since the last call
-// (terminating, finished or deleted), and returns the channel closed at
-// the next pod's going (nil without a podIndex). It reads the index's log
+// (terminating, finished or deleted) and whether one is terminating now,
+// and returns the channel closed at the next pod's going (nil without a
+// podIndex). It reads the index's log
 // of departures rather than comparing the pods seen at each call: a pod
 // that came and went between two calls, as a short-lived one does
 // (created, moving its bytes and deleted within a second), is not missed,
 // and its place, which the index forgets at once when it finished or was
 // deleted, is remembered for the reads its going triggers. Only Run calls
 // it.
-func (p *Poller) podsWent() (bool, <-chan struct{}) {
+func (p *Poller) podsWent() (went, terminating bool, wake <-chan struct{}) {
 	pi, ok := p.idx.(podIndex)
 	if !ok {
-		return false, nil
+		return false, false, nil
 	}
 	after := p.goneSeen
 	if !p.goneKnown {
@@ -112,5 +121,5 @@ func (p *Poller) podsWent() (bool, <-chan struct{}) {
 		p.log.Debug("job pod went: reading the conntrack maps now", "node", p.cfg.Node, "pods", here)
 	}
 	p.remember(ds)
-	return here > 0 || missed, wake
+	return here > 0 || missed, pi.TerminatingPods(p.cfg.Node) > 0, wake
 }
