@@ -38,7 +38,7 @@ func TestIdentityOnRealControllers(t *testing.T) {
 	var nodes []schedlab.Node
 	for _, z := range []string{"a", "b"} {
 		for i := 1; i <= 2; i++ {
-			nodes = append(nodes, schedlab.Node{Name: fmt.Sprintf("node-%s%d", z, i), Zone: "zone-" + z, CPU: "32", Memory: "256Gi"})
+			nodes = append(nodes, schedlab.Node{Name: fmt.Sprintf("node-%s%d", z, i), Zone: "zone-" + z, CPU: "32", Memory: "256Gi", GPUs: 8})
 		}
 	}
 	if err := bed.AddNodes(ctx, nodes...); err != nil {
@@ -62,6 +62,9 @@ func TestIdentityOnRealControllers(t *testing.T) {
 	t.Run("IndexedJob", func(t *testing.T) { v.t = t; indexedJob(ctx, v) })
 	t.Run("JobSetDependsOn", func(t *testing.T) { v.t = t; jobSetDependsOn(ctx, v) })
 	t.Run("LeaderWorkerSet", func(t *testing.T) { v.t = t; leaderWorkerSet(ctx, v) })
+	t.Run("ShapeIndexedJob", func(t *testing.T) { v.t = t; handWritten(ctx, v, "Job", jobDesc) })
+	t.Run("ShapeJobSet", func(t *testing.T) { v.t = t; handWritten(ctx, v, "JobSet", jobSetDesc) })
+	t.Run("ShapeLeaderWorkerSet", func(t *testing.T) { v.t = t; handWritten(ctx, v, "LeaderWorkerSet", lwsDesc) })
 }
 
 // indexedJob: a batch Job, Indexed, of three pods. Index 0 is the
@@ -77,7 +80,7 @@ func indexedJob(ctx context.Context, v *viewer) {
 		job[k] = val
 	}
 	v.create(ctx, jobGVR, job)
-	desc := func(p *corev1.Pod) string { return "i" + p.Labels["batch.kubernetes.io/job-completion-index"] }
+	desc := jobDesc
 	v.want(ctx, ns, desc, "Job/train i0=coordinator i1=worker i2=worker")
 
 	failed := v.pod(ns, desc, "i1")
@@ -112,9 +115,7 @@ func jobSetDependsOn(ctx context.Context, v *viewer) {
 			},
 		},
 	})
-	desc := func(p *corev1.Pod) string {
-		return p.Labels["jobset.sigs.k8s.io/replicatedjob-name"] + "-" + p.Labels["jobset.sigs.k8s.io/job-index"] + "-" + p.Labels["batch.kubernetes.io/job-completion-index"]
-	}
+	desc := jobSetDesc
 	// Only the initializer exists: not a coordinator (topology's rank-0
 	// guess leaves initializers out), and no pod of the leader yet.
 	v.want(ctx, ns, desc, "JobSet/llm dataset-initializer-0-0=worker")
@@ -147,9 +148,7 @@ func leaderWorkerSet(ctx context.Context, v *viewer) {
 				"containers": []any{map[string]any{"name": "main", "image": "registry.example.com/serve:1"}},
 			}}}},
 	})
-	desc := func(p *corev1.Pod) string {
-		return p.Labels["leaderworkerset.sigs.k8s.io/group-index"] + "/" + p.Labels["leaderworkerset.sigs.k8s.io/worker-index"]
-	}
+	desc := lwsDesc
 	all := []string{"LeaderWorkerSet/serve-0 0/0=coordinator 0/1=worker 0/2=worker", "LeaderWorkerSet/serve-1 1/0=coordinator 1/1=worker 1/2=worker"}
 	v.want(ctx, ns, desc, all...)
 
@@ -169,6 +168,20 @@ func leaderWorkerSet(ctx context.Context, v *viewer) {
 	v.delete(ctx, trainlab.LWSGVR, ns, "serve")
 	v.gone(ctx, ns, "serve-0")
 	v.gone(ctx, ns, "serve-1")
+}
+
+// The pods of each controller, named by the controller's own labels:
+// "i<completion index>" of a batch Job; "<replicated job>-<job
+// index>-<completion index>" of a JobSet; "<group>/<worker index>" of a
+// LeaderWorkerSet.
+func jobDesc(p *corev1.Pod) string { return "i" + p.Labels["batch.kubernetes.io/job-completion-index"] }
+
+func jobSetDesc(p *corev1.Pod) string {
+	return p.Labels["jobset.sigs.k8s.io/replicatedjob-name"] + "-" + p.Labels["jobset.sigs.k8s.io/job-index"] + "-" + p.Labels["batch.kubernetes.io/job-completion-index"]
+}
+
+func lwsDesc(p *corev1.Pod) string {
+	return p.Labels["leaderworkerset.sigs.k8s.io/group-index"] + "/" + p.Labels["leaderworkerset.sigs.k8s.io/worker-index"]
 }
 
 // jobTemplate is a batch Job template of n Indexed pods that do not
