@@ -20,7 +20,7 @@ import (
 	"github.com/zonewatch/zonewatch/topology"
 )
 
-// TestIdentityOnRealControllers (issue 43 item 2): the exporter's job
+// TestRealControllers (issue 43 item 2): the exporter's job
 // identity — the live feed (kube.Live with its owner informers) into the
 // topology index, read back as the placements the exporter exports — on
 // the pods that the real controllers make: kube-controller-manager's Job
@@ -28,8 +28,9 @@ import (
 // through each job's lifecycle. Each step waits until the view equals the
 // expectation (job kind and name; each scheduled pod, named by the
 // controller's own labels, with its role); finished and terminating pods
-// are left out of it.
-func TestIdentityOnRealControllers(t *testing.T) {
+// are left out of it. The Shape subtests hold internal/schedlab's
+// hand-written pods to the pods these controllers make (handWritten).
+func TestRealControllers(t *testing.T) {
 	bed := trainlab.Start(t)
 	bed.StartJobSet(t)
 	bed.StartLWS(t)
@@ -68,7 +69,8 @@ func TestIdentityOnRealControllers(t *testing.T) {
 }
 
 // indexedJob: a batch Job, Indexed, of three pods. Index 0 is the
-// coordinator (rank 0); a failed pod is re-created by the Job controller
+// coordinator (rank 0). A Job of one pod beside it is held but is no
+// training job (the rule's minimum of two pods). A failed pod is re-created by the Job controller
 // with its index; once index 0 succeeded the job has no coordinator left;
 // deleting the Job (background propagation, as kubectl deletes) deletes
 // its pods.
@@ -80,7 +82,25 @@ func indexedJob(ctx context.Context, v *viewer) {
 		job[k] = val
 	}
 	v.create(ctx, jobGVR, job)
+	// In a namespace of its own: its pod is "i0" too.
+	const singleNS = "batch-single"
+	v.namespace(ctx, singleNS)
+	single := map[string]any{"apiVersion": "batch/v1", "kind": "Job", "metadata": map[string]any{"name": "single", "namespace": singleNS}}
+	for k, val := range jobTemplate(1) {
+		single[k] = val
+	}
+	v.create(ctx, jobGVR, single)
 	desc := jobDesc
+	v.until(ctx, func() (bool, string) {
+		pods, _ := v.bed.Pods(singleNS)
+		for _, p := range pods {
+			if p.Status.Phase == corev1.PodRunning {
+				return v.idx.JobExists(singleNS, "single"), "the index does not hold Job single"
+			}
+		}
+		return false, "no running pod of Job single"
+	})
+	v.want(ctx, singleNS, desc)
 	v.want(ctx, ns, desc, "Job/train i0=coordinator i1=worker i2=worker")
 
 	failed := v.pod(ns, desc, "i1")
@@ -92,7 +112,9 @@ func indexedJob(ctx context.Context, v *viewer) {
 	v.want(ctx, ns, desc, "Job/train i1=worker i2=worker")
 
 	v.delete(ctx, jobGVR, ns, "train")
+	v.delete(ctx, jobGVR, singleNS, "single")
 	v.gone(ctx, ns, "train")
+	v.gone(ctx, singleNS, "single")
 }
 
 // jobSetDependsOn: a JobSet of three replicated jobs, each step created
@@ -119,11 +141,23 @@ func jobSetDependsOn(ctx context.Context, v *viewer) {
 	// Only the initializer exists: not a coordinator (topology's rank-0
 	// guess leaves initializers out), and no pod of the leader yet.
 	v.want(ctx, ns, desc, "JobSet/llm dataset-initializer-0-0=worker")
+	jobs, err := v.bed.Client.BatchV1().Jobs(ns).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		v.t.Fatal(err)
+	}
+	if len(jobs.Items) != 1 || jobs.Items[0].Name != "llm-dataset-initializer-0" {
+		var names []string
+		for _, j := range jobs.Items {
+			names = append(names, j.Name)
+		}
+		v.t.Fatalf("before the initializer completed, JobSet made Jobs %v; want only llm-dataset-initializer-0", names)
+	}
 	v.exit(ctx, v.pod(ns, desc, "dataset-initializer-0-0"), 0)
 	// The initializer completed: the leader is created, runs, is Ready;
 	// then the workers.
 	all := "JobSet/llm leader-0-0=coordinator workers-0-0=worker workers-0-1=worker workers-1-0=worker workers-1-1=worker"
 	v.want(ctx, ns, desc, all)
+	v.owner(ctx, jobGVR, ns, "llm-workers-1", "JobSet/llm")
 
 	failed := v.pod(ns, desc, "workers-1-0")
 	v.exit(ctx, failed, 1)
@@ -151,6 +185,12 @@ func leaderWorkerSet(ctx context.Context, v *viewer) {
 	desc := lwsDesc
 	all := []string{"LeaderWorkerSet/serve-0 0/0=coordinator 0/1=worker 0/2=worker", "LeaderWorkerSet/serve-1 1/0=coordinator 1/1=worker 1/2=worker"}
 	v.want(ctx, ns, desc, all...)
+	// The chain of owners (docs/topology.md): LeaderWorkerSet -> leader
+	// StatefulSet -> leader pod -> the group's worker StatefulSet -> worker pods.
+	v.owner(ctx, stsGVR, ns, "serve", "LeaderWorkerSet/serve")
+	v.owner(ctx, podGVR, ns, "serve-1", "StatefulSet/serve")
+	v.owner(ctx, stsGVR, ns, "serve-1", "Pod/serve-1")
+	v.owner(ctx, podGVR, ns, "serve-1-2", "StatefulSet/serve-1")
 
 	var group0 []*corev1.Pod
 	for _, d := range []string{"0/0", "0/1", "0/2"} {
@@ -196,7 +236,27 @@ func jobTemplate(n int) map[string]any {
 	}}
 }
 
-var jobGVR = schema.GroupVersionResource{Group: "batch", Version: "v1", Resource: "jobs"}
+var (
+	jobGVR = schema.GroupVersionResource{Group: "batch", Version: "v1", Resource: "jobs"}
+	stsGVR = schema.GroupVersionResource{Group: "apps", Version: "v1", Resource: "statefulsets"}
+	podGVR = schema.GroupVersionResource{Version: "v1", Resource: "pods"}
+)
+
+// owner checks the object's controller reference: "Kind/name".
+func (v *viewer) owner(ctx context.Context, gvr schema.GroupVersionResource, ns, name, want string) {
+	v.t.Helper()
+	u, err := v.bed.Dyn.Resource(gvr).Namespace(ns).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		v.t.Fatal(err)
+	}
+	got := "none"
+	if o := metav1.GetControllerOf(u); o != nil {
+		got = o.Kind + "/" + o.Name
+	}
+	if got != want {
+		v.t.Errorf("%s %s/%s is controlled by %s, want %s", gvr.Resource, ns, name, got, want)
+	}
+}
 
 // viewer reads the exporter's view of the bed's jobs.
 type viewer struct {
@@ -267,7 +327,7 @@ func (v *viewer) want(ctx context.Context, ns string, desc func(*corev1.Pod) str
 	slices.Sort(want)
 	v.until(ctx, func() (bool, string) {
 		got := v.view(ns, desc)
-		return slices.Equal(got, want), fmt.Sprintf("view of %s:\n  got  %q\n  want %q", ns, got, want)
+		return slices.Equal(got, want), fmt.Sprintf("view of %s:\n  got  %q\n  want %q\n  pods %s", ns, got, want, v.pods(ns, desc))
 	})
 }
 
@@ -288,6 +348,21 @@ func (v *viewer) until(ctx context.Context, cond func() (bool, string)) {
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
+}
+
+// pods lists the namespace's pods for a failure: name, desc, node, phase.
+func (v *viewer) pods(ns string, desc func(*corev1.Pod) string) string {
+	pods, _ := v.bed.Pods(ns)
+	var out []string
+	for _, p := range pods {
+		s := fmt.Sprintf("%s(%s %s %s", p.Name, desc(p), p.Spec.NodeName, p.Status.Phase)
+		if p.DeletionTimestamp != nil {
+			s += " terminating"
+		}
+		out = append(out, s+")")
+	}
+	slices.Sort(out)
+	return strings.Join(out, " ")
 }
 
 // pod returns the live (not finished, not terminating) pod that desc names d.
