@@ -28,6 +28,8 @@ import (
 // pod still running gets phase Failed (its containers killed, exit code
 // 137), then the kubelet's own delete with grace period 0 (the pod stays
 // until the controllers' finalizers are gone). A test ends a pod with Exit.
+// Not modelled: probes (a container is ready when it starts), readiness
+// gates (Ready is set whatever they say), container restarts, resources.
 type Kubelet struct {
 	client kubernetes.Interface
 	pods   listersv1.PodLister
