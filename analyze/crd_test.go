@@ -15,7 +15,6 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/zonewatch/zonewatch/internal/kueuelab"
 	"github.com/zonewatch/zonewatch/internal/schedlab"
 	"github.com/zonewatch/zonewatch/internal/testenv"
 )
@@ -41,7 +40,7 @@ func TestCRDsDropSchedulingGroup(t *testing.T) {
 	if err != nil || len(files) == 0 {
 		t.Fatalf("no CRDs in %s (%v)", dir, err)
 	}
-	if err := kueuelab.InstallCRDs(ctx, dyn, files...); err != nil {
+	if err := testenv.InstallCRDs(ctx, dyn, files...); err != nil {
 		t.Fatal(err)
 	}
 	versions, _ := os.ReadFile(filepath.Join(dir, "VERSIONS"))

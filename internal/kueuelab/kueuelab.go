@@ -9,16 +9,8 @@ package kueuelab
 import (
 	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/base64"
-	"encoding/pem"
 	"fmt"
-	"math/big"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -66,7 +58,6 @@ type Lab struct {
 }
 
 var (
-	crdGVR = schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}
 	// GVRs of Kueue's objects.
 	TopologyGVR  = schema.GroupVersionResource{Group: "kueue.x-k8s.io", Version: "v1beta2", Resource: "topologies"}
 	FlavorGVR    = schema.GroupVersionResource{Group: "kueue.x-k8s.io", Version: "v1beta2", Resource: "resourceflavors"}
@@ -102,7 +93,7 @@ func Start(t testing.TB) *Lab {
 	if err != nil || len(crds) == 0 {
 		t.Fatalf("no Kueue CRDs in %s/crds (%v)", kd, err)
 	}
-	if err := InstallCRDs(ctx, dyn, crds...); err != nil {
+	if err := testenv.InstallCRDs(ctx, dyn, crds...); err != nil {
 		t.Fatal(err)
 	}
 	if err := lab.EnsureNamespace(ctx, "kueue-system", nil); err != nil {
@@ -110,14 +101,11 @@ func Start(t testing.TB) *Lab {
 	}
 
 	dir := t.TempDir()
-	ca, caPEM := newCA(t)
+	ca := testenv.NewCA(t)
 	certDir := filepath.Join(dir, "webhook-certs")
 	metricsDir := filepath.Join(dir, "metrics-certs")
 	for _, d := range []string{certDir, metricsDir} {
-		if err := os.MkdirAll(d, 0o700); err != nil {
-			t.Fatal(err)
-		}
-		writeServing(t, ca, d)
+		ca.WriteServing(t, d)
 	}
 	webhookPort, healthPort, metricsPort := testenv.FreePort(t), testenv.FreePort(t), testenv.FreePort(t)
 	cfg := fmt.Sprintf(`apiVersion: config.kueue.x-k8s.io/v1beta2
@@ -160,7 +148,7 @@ integrations:
 	}
 	cmd := testenv.Start(t, dir, "kueue", "unshare", "-m", "--propagation", "private", "env", "KUBECONFIG="+lab.API.Kubeconfig, "sh", "-c", script)
 	_ = cmd
-	if err := registerWebhooks(ctx, dyn, filepath.Join(kd, "webhook.yaml"), webhookPort, caPEM); err != nil {
+	if err := registerWebhooks(ctx, dyn, filepath.Join(kd, "webhook.yaml"), webhookPort, ca.PEM); err != nil {
 		t.Fatal(err)
 	}
 	l := &Lab{Lab: lab, Dyn: dyn, Log: filepath.Join(dir, "kueue.log")}
@@ -176,59 +164,6 @@ func tailBytes(b []byte, n int) []byte {
 		return b[len(b)-n:]
 	}
 	return b
-}
-
-// InstallCRDs creates the CRDs of the YAML files and waits until they are
-// established.
-func InstallCRDs(ctx context.Context, dyn dynamic.Interface, files ...string) error {
-	var names []string
-	for _, f := range files {
-		b, err := os.ReadFile(f)
-		if err != nil {
-			return err
-		}
-		d := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(b), 4096)
-		for {
-			var m map[string]any
-			if err := d.Decode(&m); err != nil {
-				if err.Error() == "EOF" {
-					break
-				}
-				return fmt.Errorf("%s: %w", f, err)
-			}
-			if m["kind"] != "CustomResourceDefinition" {
-				continue
-			}
-			crd := &unstructured.Unstructured{Object: m}
-			if _, err := dyn.Resource(crdGVR).Create(ctx, crd, metav1.CreateOptions{}); err != nil {
-				return fmt.Errorf("installing CRD %s: %w", crd.GetName(), err)
-			}
-			names = append(names, crd.GetName())
-		}
-	}
-	for _, name := range names {
-		for {
-			crd, err := dyn.Resource(crdGVR).Get(ctx, name, metav1.GetOptions{})
-			if err == nil && established(crd) {
-				break
-			}
-			if ctx.Err() != nil {
-				return fmt.Errorf("CRD %s not established: %v", name, err)
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
-	}
-	return nil
-}
-
-func established(crd *unstructured.Unstructured) bool {
-	conds, _, _ := unstructured.NestedSlice(crd.Object, "status", "conditions")
-	for _, c := range conds {
-		if c, _ := c.(map[string]any); c["type"] == "Established" && c["status"] == "True" {
-			return true
-		}
-	}
-	return false
 }
 
 // registerWebhooks creates Kueue's webhook configurations from its module,
@@ -398,58 +333,4 @@ func Condition(wl unstructured.Unstructured, typ string) string {
 		}
 	}
 	return ""
-}
-
-// --- certificates ---
-
-type certAuthority struct {
-	cert *x509.Certificate
-	key  *ecdsa.PrivateKey
-}
-
-func newCA(t testing.TB) (certAuthority, []byte) {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "kueuelab test CA"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return certAuthority{cert, key}, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
-}
-
-// writeServing writes tls.crt and tls.key for 127.0.0.1, signed by ca.
-func writeServing(t testing.TB, ca certAuthority, dir string) {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: "127.0.0.1"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
-		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, DNSNames: []string{"localhost"},
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kb, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, "tls.crt"), pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, "tls.key"), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kb}), 0o600); err != nil {
-		t.Fatal(err)
-	}
 }

@@ -1,6 +1,8 @@
 package schedlab
 
 import (
+	"crypto/sha1"
+	"encoding/hex"
 	"fmt"
 	"sort"
 	"strconv"
@@ -118,32 +120,63 @@ func mpiV2() *Shape {
 	return s
 }
 
-// jobSetPods makes the pods of a JobSet spec (jobset v0.12.0
-// pkg/controllers/jobset_controller.go labelAndAnnotateObject): one batch
-// Job "<js>-<rjob>-<i>" per replica, Indexed, its pods labelled with the
-// JobSet keys and the completion index (label and annotation).
+// jobSetPods makes the pods of a JobSet spec (jobset v0.11.1
+// pkg/controllers/jobset_controller.go labelAndAnnotateObject, checked
+// against the running controller by internal/trainlab's ShapeJobSet): one
+// batch Job "<js>-<rjob>-<i>" per replica, Indexed, its pods labelled and
+// annotated alike with the JobSet keys (the job key is the SHA-1 of
+// "<namespace>/<job>", the group "default" where the spec names none),
+// labelled with the pod's priority by JobSet's pod webhook, and with the
+// completion index (label and annotation) by the Job controller.
 func jobSetPods(j *Job, jsName string, spec map[string]any, extra map[string]string) (coords, workers []*corev1.Pod, jobs []string, err error) {
-	for _, rj := range list(spec, "replicatedJobs") {
+	rjobs := list(spec, "replicatedJobs")
+	group := func(rj map[string]any) string {
+		if g, _ := rj["groupName"].(string); g != "" {
+			return g
+		}
+		return "default"
+	}
+	global, perGroup := 0, map[string]int{}
+	for _, rj := range rjobs {
+		global += intOf(rj["replicas"], 1)
+		perGroup[group(rj)] += intOf(rj["replicas"], 1)
+	}
+	globalIdx, groupIdx := 0, map[string]int{}
+	for _, rj := range rjobs {
 		name, _ := rj["name"].(string)
 		jobSpec := Dig(rj, "template", "spec")
 		tmpl := Dig(jobSpec, "template")
+		g := group(rj)
 		for r := 0; r < intOf(rj["replicas"], 1); r++ {
 			jobName := fmt.Sprintf("%s-%s-%d", jsName, name, r)
 			jobs = append(jobs, jobName)
+			key := sha1.Sum([]byte(j.Namespace + "/" + jobName))
+			js := map[string]string{
+				"jobset.sigs.k8s.io/jobset-name": jsName, "jobset.sigs.k8s.io/jobset-uid": string(uid("JobSet", jsName)),
+				"jobset.sigs.k8s.io/replicatedjob-name": name, "jobset.sigs.k8s.io/restart-attempt": "0",
+				"jobset.sigs.k8s.io/replicatedjob-replicas": strconv.Itoa(intOf(rj["replicas"], 1)),
+				"jobset.sigs.k8s.io/global-replicas":        strconv.Itoa(global),
+				"jobset.sigs.k8s.io/job-index":              strconv.Itoa(r), "jobset.sigs.k8s.io/job-key": hex.EncodeToString(key[:]),
+				"jobset.sigs.k8s.io/job-global-index": strconv.Itoa(globalIdx),
+				"jobset.sigs.k8s.io/group-name":       g, "jobset.sigs.k8s.io/group-replicas": strconv.Itoa(perGroup[g]),
+				"jobset.sigs.k8s.io/job-group-index": strconv.Itoa(groupIdx[g]),
+			}
+			globalIdx++
+			groupIdx[g]++
 			for i := 0; i < intOf(jobSpec["parallelism"], 1); i++ {
 				idx := strconv.Itoa(i)
 				lbl := map[string]string{
-					"jobset.sigs.k8s.io/jobset-name": jsName, "jobset.sigs.k8s.io/replicatedjob-name": name,
-					"jobset.sigs.k8s.io/replicatedjob-replicas": strconv.Itoa(intOf(rj["replicas"], 1)),
-					"jobset.sigs.k8s.io/job-index":              strconv.Itoa(r), "jobset.sigs.k8s.io/job-key": string(uid(jobName)),
 					"batch.kubernetes.io/job-name": jobName, "job-name": jobName,
 					"batch.kubernetes.io/controller-uid": string(uid("Job", jobName)), "controller-uid": string(uid("Job", jobName)),
-					"batch.kubernetes.io/job-completion-index": idx,
+					"batch.kubernetes.io/job-completion-index": idx, "jobset.sigs.k8s.io/priority": "0",
+				}
+				ann := map[string]string{"batch.kubernetes.io/job-completion-index": idx}
+				for k, v := range js {
+					lbl[k], ann[k] = v, v
 				}
 				for k, v := range extra {
 					lbl[k] = v
 				}
-				ann := map[string]string{"batch.kubernetes.io/job-completion-index": idx, "jobset.sigs.k8s.io/jobset-name": jsName}
 				p, err := newPod(j, fmt.Sprintf("%s-%s-x%d", jobName, idx, i), tmpl, lbl, ann, ownerRef("batch/v1", "Job", jobName))
 				if err != nil {
 					return nil, nil, nil, err
@@ -251,11 +284,17 @@ func trainJob() *Shape {
 	return s
 }
 
-// lws: LeaderWorkerSet (lws v0.10.0): the leader "<lws>-<group>" of the
-// leader StatefulSet, workers "<lws>-<group>-<i>" of the group's worker
-// StatefulSet; its pod webhook (pkg/webhooks/pod_webhook.go) labels them
-// and, with the exclusive-topology annotation, gives each pod a required
-// affinity to its group and anti-affinity to other groups in the domain.
+// lws: LeaderWorkerSet (lws v0.8.0, checked against the running
+// controller by internal/trainlab's ShapeLeaderWorkerSet): the leader
+// "<lws>-<group>" of the leader StatefulSet "<lws>", workers
+// "<lws>-<group>-<i>" of the group's worker StatefulSet "<lws>-<group>";
+// each named as its host in the LeaderWorkerSet's shared subdomain
+// "<lws>", with the StatefulSet controller's labels. The LWS pod webhook
+// (pkg/webhooks/pod_webhook.go) labels them with the group and worker
+// index and the group key (SHA-1 of "<namespace>/<leader>"), annotates
+// them with the group size (and the workers with their leader) and, with
+// the exclusive-topology annotation, gives each pod a required affinity to
+// its group and anti-affinity to other groups in the domain.
 func lws() *Shape {
 	s := &Shape{Name: "LeaderWorkerSet", Kind: "LeaderWorkerSet", AllGPU: true}
 	s.manifest = func(name string, sz Size) map[string]any {
@@ -271,18 +310,27 @@ func lws() *Shape {
 	s.pods = func(j *Job) (coords, workers []*corev1.Pod, _ []map[string]any, _ error) {
 		lwt := Dig(j.Manifest, "spec", "leaderWorkerTemplate")
 		topo, _ := Dig(j.Manifest, "metadata")["annotations"].(map[string]any)
-		key := string(uid(j.Name, "0"))
+		leader := j.Name + "-0"
+		sum := sha1.Sum([]byte(j.Namespace + "/" + leader))
+		key := hex.EncodeToString(sum[:])
+		size := strconv.Itoa(intOf(lwt["size"], 1))
 		for i := 0; i < intOf(lwt["size"], 1); i++ {
-			lbl := map[string]string{"leaderworkerset.sigs.k8s.io/name": j.Name, "leaderworkerset.sigs.k8s.io/group-index": "0",
-				"leaderworkerset.sigs.k8s.io/worker-index": strconv.Itoa(i), "leaderworkerset.sigs.k8s.io/group-key": key}
-			tmpl, name, owner := Dig(lwt, "workerTemplate"), fmt.Sprintf("%s-0-%d", j.Name, i), ownerRef("apps/v1", "StatefulSet", j.Name+"-0")
+			tmpl, name, sts, podIndex := Dig(lwt, "workerTemplate"), fmt.Sprintf("%s-%d", leader, i), leader, i
+			ann := map[string]string{"leaderworkerset.sigs.k8s.io/size": size, "leaderworkerset.sigs.k8s.io/leader-name": leader}
 			if i == 0 {
-				tmpl, name, owner = Dig(lwt, "leaderTemplate"), j.Name+"-0", ownerRef("apps/v1", "StatefulSet", j.Name)
+				tmpl, name, sts, podIndex = Dig(lwt, "leaderTemplate"), leader, j.Name, 0
+				delete(ann, "leaderworkerset.sigs.k8s.io/leader-name")
 			}
-			p, err := newPod(j, name, tmpl, lbl, nil, owner)
+			lbl := map[string]string{"leaderworkerset.sigs.k8s.io/name": j.Name, "leaderworkerset.sigs.k8s.io/group-index": "0",
+				"leaderworkerset.sigs.k8s.io/worker-index": strconv.Itoa(i), "leaderworkerset.sigs.k8s.io/group-key": key,
+				"leaderworkerset.sigs.k8s.io/template-revision-hash": string(uid("template", j.Name)),
+				"apps.kubernetes.io/pod-index":                       strconv.Itoa(podIndex), "statefulset.kubernetes.io/pod-name": name,
+				"controller-revision-hash": string(uid("revision", sts))}
+			p, err := newPod(j, name, tmpl, lbl, ann, ownerRef("apps/v1", "StatefulSet", sts))
 			if err != nil {
 				return nil, nil, nil, err
 			}
+			p.Spec.Hostname, p.Spec.Subdomain = name, j.Name
 			if tk, ok := topo["leaderworkerset.sigs.k8s.io/exclusive-topology"].(string); ok {
 				exclusive(p, tk, key)
 			}
@@ -419,8 +467,10 @@ func rayJob() *Shape {
 }
 
 // indexedJob: a batch Job with completionMode Indexed (k8s v1.37.2
-// pkg/controller/job): pods "<job>-<index>-<random>" with the job's labels
-// and the completion index as label and annotation.
+// pkg/controller/job, checked against the running controller by
+// internal/trainlab's ShapeIndexedJob): pods "<job>-<index>-<random>"
+// with the job's labels, the completion index as label and annotation,
+// and the hostname "<job>-<index>".
 func indexedJob() *Shape {
 	s := &Shape{Name: "Indexed Job", Kind: "Job", AllGPU: true}
 	s.manifest = func(name string, sz Size) map[string]any {
@@ -444,6 +494,7 @@ func indexedJob() *Shape {
 			if err != nil {
 				return nil, nil, nil, err
 			}
+			p.Spec.Hostname = j.Name + "-" + idx
 			if i == 0 {
 				coords = append(coords, p)
 			} else {

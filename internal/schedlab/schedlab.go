@@ -2,7 +2,9 @@
 // against the test kube-apiserver of internal/testenv, with nodes that are
 // API objects only (no kubelet: the lab sets their status), so that tests
 // and `make demo` see where the real scheduler puts pods. Pods are created
-// as their controllers create them (shapes.go); no controller runs.
+// as their controllers create them (shapes.go); no controller runs here.
+// internal/trainlab runs the real controllers and holds the JobSet,
+// LeaderWorkerSet and Indexed Job shapes to the pods they make.
 package schedlab
 
 import (

@@ -14,10 +14,12 @@ import (
 )
 
 // TestControllerBinariesStart runs each controller that hack/tools.sh builds
-// for the training-controller tests (issue 43) and that no other test starts
-// yet: each must run its start-up (flag parsing, scheme registration) and
-// print its own help or version, and its NAME.d must hold CRDs of its own
-// API group. A broken or mislinked build fails here, in seconds.
+// for the training-controller tests (issue 43): each must run its start-up
+// (flag parsing, scheme registration) and print its own help or version,
+// and its NAME.d must hold CRDs of its own API group. A broken or
+// mislinked build fails here, in seconds, before internal/trainlab runs
+// kube-controller-manager, JobSet and LWS against an apiserver (the others
+// are not run there yet).
 func TestControllerBinariesStart(t *testing.T) {
 	cases := []struct {
 		name string
