@@ -114,7 +114,12 @@ func (l *Live) remoteStep(now time.Time) {
 		sel := jobSel{d.Namespace, d.Label, d.Value}
 		switch {
 		case l.remote[sel] != nil:
-			delete(l.pending, d) // one demand per selector: not expected
+			// The index keeps one demand per selector: another one can
+			// only be stale; it asks again when met.
+			delete(l.pending, d)
+			if l.remote[sel].d != d {
+				d.Done()
+			}
 		case len(l.remote) < l.remoteMax && l.starts < l.remoteRate:
 			delete(l.pending, d)
 			l.starts++
