@@ -116,6 +116,9 @@ type jobRec struct {
 	// dropped under the write lock whenever one of its pods or the zone of
 	// a node it runs on changes, and rebuilt lazily under the read lock.
 	placement atomic.Pointer[JobPlacement]
+	// used: a lookup placed one of its pods since TakeJobUsed last
+	// asked (the per-node view only: its remote jobs' feeds stop idle).
+	used atomic.Bool
 }
 
 // explicitCoordinator reports whether the pod is a live coordinator by name or label.
@@ -483,10 +486,22 @@ func (x *Index) podEndpointLocked(rec *podRec) Endpoint {
 	if j := rec.job; j != nil && j.training() {
 		e.Job, e.Role = &j.Job, j.role(rec)
 	}
+	if j := rec.job; j != nil && x.remote != nil && !j.used.Load() {
+		j.used.Store(true)
+	}
 	if n := x.nodes[rec.Node]; n != nil {
 		e.Zone, e.Region = n.zone, n.Region
 	}
 	return e
+}
+
+// TakeJobUsed reports whether a lookup placed a pod of the job since the
+// last call (per-node view only; false otherwise).
+func (x *Index) TakeJobUsed(namespace, name string) bool {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	j := x.jobs[jobKey{namespace, name}]
+	return j != nil && j.used.Swap(false)
 }
 
 // JobExists reports whether the job still has pods in the index.

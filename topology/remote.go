@@ -3,6 +3,7 @@ package topology
 import (
 	"net/netip"
 	"sync"
+	"sync/atomic"
 )
 
 // RemoteEntry is what the node's Cilium ipcache says of an address
@@ -67,6 +68,46 @@ type LabelOwners interface {
 	OwnerByLabels(namespace string, labels map[string]string) (OwnerRef, bool)
 }
 
+// RemoteFeeds lists, on demand, the pods of a remote job that an identity
+// selects but cannot name whole (collector/kube's per-node view): a rule
+// with a minimum of pods (a RayJob's submitter, an Indexed Job) counts
+// the job's pods, and Cilium's label filter drops the completion index.
+// Want is called from lookups, under the index's lock: it must not block
+// nor call into the index.
+type RemoteFeeds interface {
+	Want(d *Demand)
+}
+
+// Demand is a remote job an identity selects: the pods' selector (a
+// rule's name label and its value, in the identity's namespace) and the
+// job's name and kind as far as the identity tells them. The index keeps
+// one per selector for its life; the lookups that meet it mark it used.
+type Demand struct {
+	Namespace, Label, Value string
+	Name, Kind              string
+
+	used   atomic.Bool // looked up since the feeder last took it
+	wanted atomic.Bool // handed to RemoteFeeds.Want, not yet let go (Done)
+}
+
+// TakeUsed reports whether a lookup met the demand since the last call.
+func (d *Demand) TakeUsed() bool { return d.used.Swap(false) }
+
+// Done lets the demand go: its feed stopped or never started; the next
+// lookup that meets it asks again.
+func (d *Demand) Done() { d.wanted.Store(false) }
+
+// touch marks the demand used and, unless it is wanted already, hands it
+// to the feeder. It does not allocate.
+func (d *Demand) touch(f RemoteFeeds) {
+	if !d.used.Load() {
+		d.used.Store(true)
+	}
+	if f != nil && !d.wanted.Load() && d.wanted.CompareAndSwap(false, true) {
+		f.Want(d)
+	}
+}
+
 // remoteView places, in the per-node view, the addresses that are no pod
 // of a job the index holds: their node from the ipcache, their job (if
 // any) from their identity's labels through the rules.
@@ -77,15 +118,23 @@ type remoteView struct {
 	rules []Rule
 	// owners (nil for none) names identities' jobs after their top owner.
 	owners LabelOwners
+	// feeds (nil for none) lists the pods of the jobs that identities
+	// select but cannot name (SetRemoteFeeds).
+	feeds RemoteFeeds
 
 	mu sync.Mutex
 	// jobs are the jobs named by identities, one *Job per job for as long
 	// as the index lives (consumers compare them by pointer), with the
 	// identities that named them (JobExists).
-	jobs   map[jobKey]*remoteJob
-	byID   map[uint32]*remoteJob
-	noJobs map[uint32]bool
+	jobs map[jobKey]*remoteJob
+	byID map[uint32]*remoteJob
+	// noJobs are the identities that name no job, with the demand of
+	// the job they select (nil for none).
+	noJobs  map[uint32]*Demand
+	demands map[jobSelector]*Demand
 }
+
+type jobSelector struct{ namespace, label, value string }
 
 type remoteJob struct {
 	job Job
@@ -119,7 +168,23 @@ func (x *Index) SetRemote(node string, ipc IPCache, ids Identities, rules []Rule
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	x.remote = &remoteView{node: node, ipc: ipc, ids: ids, rules: rules,
-		jobs: map[jobKey]*remoteJob{}, byID: map[uint32]*remoteJob{}, noJobs: map[uint32]bool{}}
+		jobs: map[jobKey]*remoteJob{}, byID: map[uint32]*remoteJob{}, noJobs: map[uint32]*Demand{}, demands: map[jobSelector]*Demand{}}
+}
+
+// SetRemoteFeeds makes the per-node view ask f for the pods of a remote
+// job that an identity selects but cannot name (a rule's minimum of pods,
+// an Indexed Job's completion index): once f has put them in the index,
+// the job is what the cluster-wide view says. Call it before flows are
+// classified; a no-op without SetRemote.
+func (x *Index) SetRemoteFeeds(f RemoteFeeds) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if x.remote == nil {
+		return
+	}
+	x.remote.mu.Lock()
+	defer x.remote.mu.Unlock()
+	x.remote.feeds = f
 }
 
 // SetRemoteOwners makes the per-node view name a remote pod's job after
@@ -203,7 +268,10 @@ func (x *Index) identityJobLocked(id uint32) *Job {
 	defer r.mu.Unlock()
 	rj := r.byID[id]
 	if rj == nil {
-		if r.noJobs[id] {
+		if d, no := r.noJobs[id]; no {
+			if d != nil {
+				d.touch(r.feeds)
+			}
 			return nil
 		}
 		ns, labels, ok := r.ids.Labels(id)
@@ -221,8 +289,13 @@ func (x *Index) identityJobLocked(id uint32) *Job {
 		ident, ok := Identify(r.rules, meta, owners)
 		if !ok || ident.MinPods > 1 {
 			// A rule with a minimum counts the job's pods, which an
-			// identity does not tell.
-			r.noJobs[id] = true
+			// identity does not tell, nor an Indexed Job's completion
+			// index: the job's own pods do (RemoteFeeds).
+			d := r.demandLocked(ns, labels, ident, ok)
+			r.noJobs[id] = d
+			if d != nil {
+				d.touch(r.feeds)
+			}
 			return nil
 		}
 		jk := jobKey{ns, ident.Name}
@@ -238,6 +311,30 @@ func (x *Index) identityJobLocked(id uint32) *Job {
 		return &j.Job
 	}
 	return &rj.job
+}
+
+// demandLocked is the demand of the job an identity's labels select
+// under the first rule whose name label they carry (the rule Identify
+// reads); nil for labels of no rule.
+func (r *remoteView) demandLocked(ns string, labels map[string]string, ident Identity, named bool) *Demand {
+	for i := range r.rules {
+		rule := &r.rules[i]
+		v := labels[rule.NameLabel]
+		if v == "" {
+			continue
+		}
+		sel := jobSelector{ns, rule.NameLabel, v}
+		d := r.demands[sel]
+		if d == nil {
+			d = &Demand{Namespace: ns, Label: rule.NameLabel, Value: v, Name: v, Kind: rule.Kind}
+			if named {
+				d.Name, d.Kind = ident.Name, ident.Kind
+			}
+			r.demands[sel] = d
+		}
+		return d
+	}
+	return nil
 }
 
 // remoteJobExistsLocked reports whether a job named by identities still

@@ -195,3 +195,81 @@ func TestRemoteViewNamesTopOwner(t *testing.T) {
 		t.Error("the RayJob named by an identity does not exist")
 	}
 }
+
+// wants records the demands handed to the feeder.
+type wants struct{ got []*Demand }
+
+func (w *wants) Want(d *Demand) { w.got = append(w.got, d) }
+
+// TestRemoteViewAsksForJobsItCannotName: an identity that selects a job it
+// cannot name (an Indexed Job's pod: no completion index; a RayJob's
+// submitter: a minimum of pods) names none and hands the job's selector
+// to the feeder once, with the job's name and kind as far as the identity
+// tells; every lookup marks it used; once let go (Done) the next lookup
+// asks again; an identity that names its job, or no job, asks nothing.
+// Lookups stay free of allocations.
+func TestRemoteViewAsksForJobsItCannotName(t *testing.T) {
+	x := testIndex()
+	f := &fakeCilium{
+		entries: map[netip.Addr]RemoteEntry{
+			ip("10.244.2.11"): {NodeIP: ip("172.18.1.10"), Identity: 70004},
+			ip("10.244.2.12"): {NodeIP: ip("172.18.1.10"), Identity: 70005}, // another pod of the same Job
+			ip("10.244.2.13"): {NodeIP: ip("172.18.1.10"), Identity: 70006},
+			ip("10.244.2.9"):  {NodeIP: ip("172.18.1.10"), Identity: 70001},
+			ip("10.244.2.10"): {NodeIP: ip("172.18.1.10"), Identity: 70002},
+		},
+		ids: map[uint32]map[string]string{
+			70001: {"training.kubeflow.org/job-name": "gpt"},
+			70002: {"app": "web"},
+			70004: {"batch.kubernetes.io/job-name": "idx", "job-name": "idx"},
+			70005: {"batch.kubernetes.io/job-name": "idx", "job-name": "idx", "team": "a"},
+			70006: {"ray.io/originated-from-cr-name": "tune", "ray.io/originated-from-crd": "RayJob", "batch.kubernetes.io/job-name": "tune"},
+		},
+	}
+	x.SetRemote("n-a", f, f, DefaultRules())
+	w := &wants{}
+	x.SetRemoteFeeds(w)
+	for range 3 {
+		for _, a := range []string{"10.244.2.11", "10.244.2.12", "10.244.2.13", "10.244.2.9", "10.244.2.10"} {
+			e, _ := x.LookupIP(ip(a))
+			if named := e.Job != nil; named != (a == "10.244.2.9") {
+				t.Errorf("LookupIP(%s) = %+v", a, e)
+			}
+		}
+	}
+	if len(w.got) != 2 {
+		t.Fatalf("%d demands, want 2 (one per job): %+v", len(w.got), w.got)
+	}
+	idx, tune := w.got[0], w.got[1]
+	fields := func(d *Demand) [5]string { return [5]string{d.Namespace, d.Label, d.Value, d.Name, d.Kind} }
+	if got := fields(idx); got != [5]string{"ml", "batch.kubernetes.io/job-name", "idx", "idx", "Job"} {
+		t.Errorf("Indexed Job's demand %q", got)
+	}
+	if got := fields(tune); got != [5]string{"ml", "ray.io/originated-from-cr-name", "tune", "tune", "RayJob"} {
+		t.Errorf("RayJob submitter's demand %q", got)
+	}
+	if !idx.TakeUsed() || idx.TakeUsed() {
+		t.Error("TakeUsed: a lookup's use taken once")
+	}
+	x.LookupIP(ip("10.244.2.11"))
+	if !idx.TakeUsed() || len(w.got) != 2 {
+		t.Errorf("a lookup of a wanted demand: used, not asked again (%d demands)", len(w.got))
+	}
+	idx.Done()
+	x.LookupIP(ip("10.244.2.12"))
+	if len(w.got) != 3 || w.got[2] != idx {
+		t.Errorf("after Done a lookup asks again: %d demands", len(w.got))
+	}
+	x.ForgetIdentities()
+	x.LookupIP(ip("10.244.2.11"))
+	if len(w.got) != 3 {
+		t.Errorf("identities forgotten: the same demand, not asked again while wanted (%d demands)", len(w.got))
+	}
+	allocs := testing.AllocsPerRun(1000, func() {
+		x.LookupIP(ip("10.244.2.11"))
+		x.LookupIP(ip("10.244.2.13"))
+	})
+	if allocs != 0 {
+		t.Fatalf("lookups of demanded jobs allocate: %v allocs per run", allocs)
+	}
+}

@@ -48,6 +48,7 @@ func startKube(ctx context.Context, w *wiring, in *inputs, rules []topology.Rule
 		if err != nil {
 			return nil, fmt.Errorf("setting up informers: %w", err)
 		}
+		w.self.MustRegister(remoteJobs{live})
 		logger.Info("per-node view: watching this node's pods and its jobs' pods", "node", w.nodeName)
 	} else {
 		live, factories, err = kube.NewLive(in.kube, w.index, rules, resync, logger)
@@ -135,6 +136,32 @@ func (c skippedAddresses) Describe(ch chan<- *prometheus.Desc) { ch <- skippedAd
 func (c skippedAddresses) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(skippedAddressesDesc, prometheus.CounterValue, float64(c.s.SkippedServices.Load()), "services")
 	ch <- prometheus.MustNewConstMetric(skippedAddressesDesc, prometheus.CounterValue, float64(c.s.SkippedSlices.Load()), "endpointslices")
+}
+
+var (
+	remoteJobsDesc = prometheus.NewDesc("zonewatch_kube_remote_jobs",
+		"Jobs with no pod on this node that the per-node view lists now, on demand: a flow's far end whose identity selects a job but cannot name it (a RayJob's submitter, an Indexed Job); at most 64.",
+		nil, nil)
+	remoteDemandsDesc = prometheus.NewDesc("zonewatch_kube_remote_job_demands_total",
+		"Demands for such a job's pods, by result: started (its feeds were started), deferred (a second it waited: 64 listed, or 8 started that second), dropped (let go unserved after 10 minutes without a lookup).",
+		[]string{"result"}, nil)
+)
+
+// remoteJobs exports the per-node view's remote jobs (collector/kube's
+// remote.go).
+type remoteJobs struct{ l *kube.Live }
+
+func (c remoteJobs) Describe(ch chan<- *prometheus.Desc) {
+	ch <- remoteJobsDesc
+	ch <- remoteDemandsDesc
+}
+
+func (c remoteJobs) Collect(ch chan<- prometheus.Metric) {
+	n, st := c.l.RemoteJobs()
+	ch <- prometheus.MustNewConstMetric(remoteJobsDesc, prometheus.GaugeValue, float64(n))
+	ch <- prometheus.MustNewConstMetric(remoteDemandsDesc, prometheus.CounterValue, float64(st.Started), "started")
+	ch <- prometheus.MustNewConstMetric(remoteDemandsDesc, prometheus.CounterValue, float64(st.Deferred), "deferred")
+	ch <- prometheus.MustNewConstMetric(remoteDemandsDesc, prometheus.CounterValue, float64(st.Dropped), "dropped")
 }
 
 // kubeFeed is the Kubernetes source: up once every informer has synced.

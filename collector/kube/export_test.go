@@ -1,5 +1,7 @@
 package kube
 
+import "time"
+
 // HandlerEvent is one handler or job-feed list/watch call of the per-node
 // view (Feed "" is the node's pod informer, else the job's selector
 // "namespace/label=value"; Op is add, update, delete, list or watch).
@@ -21,3 +23,21 @@ func FeedStored(l *Live, namespace, label, value string) []string {
 	}
 	return f.inf.GetStore().ListKeys()
 }
+
+// RemoteOnlyFeeds lists the job feeds (namespace/label=value) that run
+// for remote jobs only (no job of the node uses or used them).
+func RemoteOnlyFeeds(l *Live) []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []string
+	for s, f := range l.feeds {
+		if f.remote > 0 && f.local == 0 && !f.lingering {
+			out = append(out, s.String())
+		}
+	}
+	return out
+}
+
+// SetRemoteBounds sets how many remote jobs the per-node view lists at
+// once and after how long without a lookup one is let go; before Run.
+func SetRemoteBounds(l *Live, most int, idle time.Duration) { l.remoteMax, l.remoteIdle = most, idle }

@@ -52,6 +52,22 @@ type Live struct {
 	jobs     map[jobID]*jobGroup
 	held     map[string][]holding
 	stopped  bool // Run's context is done: no new feed
+	// The remote jobs listed on demand (remote.go), under mu: by the
+	// selector of the identity that asked, the demands waiting for a
+	// feed (with when a lookup last met them), and this second's starts.
+	remote     map[jobSel]*remoteGroup
+	pending    map[*topology.Demand]time.Time
+	second     time.Time
+	starts     int
+	remoteMax  int
+	remoteRate int
+	remoteIdle time.Duration
+	remoteStat RemoteStats
+	// wants are the demands handed over by lookups (Want), under wantMu:
+	// Want runs under the index's lock and must not wait for mu.
+	wantMu sync.Mutex
+	wants  []*topology.Demand
+	wake   chan struct{}
 	// hook wraps every handler and job-feed list/watch call of the
 	// per-node view; set by tests only (export_test.go), before Run.
 	hook func(ev handlerEvent, call func())
@@ -166,6 +182,9 @@ func (l *Live) Run(ctx context.Context, factories []informers.SharedInformerFact
 			l.stopFeedLocked(f)
 		}
 	}()
+	if l.remote != nil {
+		go l.runRemote(ctx)
+	}
 	for _, f := range factories {
 		f.Start(ctx.Done())
 	}

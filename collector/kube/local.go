@@ -60,6 +60,10 @@ type jobFeed struct {
 	synced cache.InformerSynced
 	stop   chan struct{}
 	local  int // jobs of this node that select pods by it (jobGroup.sels)
+	remote int // remote jobs that select pods by it (remoteGroup.sels)
+	// lingering: a job of this node used it and left; it runs until the
+	// job ends (no pod of its selector left), not only while in demand.
+	lingering bool
 	// held counts the pods this feed's handler put in the index and has
 	// not yet seen go (l.held): the feed stops only at zero, so no
 	// deletion it was handed is lost with it.
@@ -89,7 +93,12 @@ func NewLocal(client kubernetes.Interface, index *topology.Index, rules []topolo
 		return nil, nil, fmt.Errorf("the per-node view needs the node's name")
 	}
 	l := &Live{index: index, rules: rules, logger: logger, resync: resync, denied: NewDenials("kubernetes", logger),
-		client: client, feeds: map[jobSel]*jobFeed{}, localJob: map[string]jobID{}, jobs: map[jobID]*jobGroup{}, held: map[string][]holding{}, strip: PodStripper(rules)}
+		client: client, feeds: map[jobSel]*jobFeed{}, localJob: map[string]jobID{}, jobs: map[jobID]*jobGroup{}, held: map[string][]holding{}, strip: PodStripper(rules),
+		remote: map[jobSel]*remoteGroup{}, pending: map[*topology.Demand]time.Time{}, wake: make(chan struct{}, 1),
+		remoteMax: MaxRemoteJobs, remoteRate: RemoteStartsPerSecond, remoteIdle: RemoteIdle}
+	// A remote job an identity selects but cannot name (a RayJob's
+	// submitter, an Indexed Job) is listed on demand (remote.go).
+	index.SetRemoteFeeds(l)
 	nf, err := l.nodeInformer(client)
 	if err != nil {
 		return nil, nil, err
@@ -222,7 +231,7 @@ func (l *Live) leaveLocked(id jobID, key string) {
 	if len(g.local) == 0 {
 		delete(l.jobs, id)
 		for s := range g.sels {
-			l.releaseLocked(s)
+			l.releaseLocked(s, false)
 		}
 		return
 	}
@@ -233,35 +242,45 @@ func (l *Live) leaveLocked(id jobID, key string) {
 // and releases those it no longer has: new feeds start before old ones are
 // released, so a feed the job keeps is never restarted.
 func (l *Live) regroupLocked(id jobID, g *jobGroup) {
-	want := l.jobSelsLocked(id, g)
+	base := make(map[jobSel]string, len(g.local))
+	for _, lp := range g.local {
+		base[lp.sel] = lp.kind
+	}
+	l.resel(g.sels, l.jobSelsLocked(id, base), false)
+}
+
+// resel acquires the feeds of want that sels lacks and releases those of
+// sels that want lacks, for a job of this node or (remote) a remote job.
+func (l *Live) resel(sels, want map[jobSel]bool, remote bool) {
 	for s := range want {
-		if !g.sels[s] {
-			g.sels[s] = true
-			l.acquireLocked(s)
+		if !sels[s] {
+			sels[s] = true
+			l.acquireLocked(s, remote)
 		}
 	}
-	for s := range g.sels {
+	for s := range sels {
 		if !want[s] {
-			delete(g.sels, s)
-			l.releaseLocked(s)
+			delete(sels, s)
+			l.releaseLocked(s, remote)
 		}
 	}
 }
 
 // jobSelsLocked is every label selector under which a pod of the job may
 // be found, so that the node holds all of the job's pods however they are
-// labelled: the rule label of each local pod; the job's name under the
+// labelled: base, each with the job's kind there (the rule label of each
+// local pod, or the selector of a remote job's identity); the job's name under the
 // other rules of its kind (a RayJob's submitter, ray.io/originated-from-cr-name,
 // beside its cluster's ray.io/cluster); and, with owners, the pod label of
 // each owner object below the job's top owner (the RayJob's RayCluster).
 // Every node with a pod of the job derives the same set once its owners
 // have synced.
-func (l *Live) jobSelsLocked(id jobID, g *jobGroup) map[jobSel]bool {
+func (l *Live) jobSelsLocked(id jobID, base map[jobSel]string) map[jobSel]bool {
 	want := map[jobSel]bool{}
 	kinds := map[string]bool{}
-	for _, lp := range g.local {
-		want[lp.sel] = true
-		kinds[lp.kind] = true
+	for sel, kind := range base {
+		want[sel] = true
+		kinds[kind] = true
 	}
 	for _, r := range l.rules {
 		if kinds[r.Kind] && r.GroupLabel == "" && !r.KindFromOwner {
@@ -292,12 +311,20 @@ func (l *Live) regroupAllLocked() {
 	for id, g := range l.jobs {
 		l.regroupLocked(id, g)
 	}
+	for _, g := range l.remote {
+		l.regroupRemoteLocked(g)
+	}
 }
 
-// acquireLocked counts a job using the feed of sel, starting the feed.
-func (l *Live) acquireLocked(sel jobSel) {
+// acquireLocked counts a job (of this node, or remote) using the feed of
+// sel, starting the feed.
+func (l *Live) acquireLocked(sel jobSel, remote bool) {
 	if f := l.feeds[sel]; f != nil {
-		f.local++
+		if remote {
+			f.remote++
+		} else {
+			f.local++
+		}
 		return
 	}
 	if l.stopped {
@@ -308,16 +335,32 @@ func (l *Live) acquireLocked(sel jobSel) {
 		l.logger.Error("starting a job's pod informer", "job", sel.String(), "err", err)
 		return
 	}
-	f.local = 1
+	if remote {
+		f.remote = 1
+	} else {
+		f.local = 1
+	}
 	l.feeds[sel] = f
 }
 
-func (l *Live) releaseLocked(sel jobSel) {
+// releaseLocked lets a job go of the feed of sel. A feed that a job of
+// this node used runs on until no pod of its selector is left (its job
+// ended); one only remote jobs used stops with their demand, and what it
+// put in the index leaves it (remote.go).
+func (l *Live) releaseLocked(sel jobSel, remote bool) {
 	f := l.feeds[sel]
 	if f == nil {
 		return
 	}
-	f.local--
+	if remote {
+		f.remote--
+	} else if f.local--; f.local == 0 {
+		f.lingering = true
+	}
+	if remote && f.remote == 0 && f.local == 0 && !f.lingering {
+		l.stopFeedLocked(f)
+		return
+	}
 	l.stopIdleLocked(f)
 }
 
@@ -330,7 +373,7 @@ func (l *Live) releaseLocked(sel jobSel) {
 // a whole batch before any handler runs), and a stopped feed's queued
 // handlers never run; the store only keeps a feed running longer.
 func (l *Live) stopIdleLocked(f *jobFeed) {
-	if f.stopped || f.local > 0 || f.held > 0 || !f.synced() || len(f.inf.GetStore().ListKeys()) > 0 {
+	if f.stopped || f.local > 0 || f.remote > 0 || f.held > 0 || !f.synced() || len(f.inf.GetStore().ListKeys()) > 0 {
 		return
 	}
 	l.stopFeedLocked(f)
