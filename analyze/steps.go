@@ -137,10 +137,21 @@ func planGang(kind string, pods *jobPods) gangPlan {
 			}
 		}
 	}
+	late := map[string]bool{}
 	for _, d := range pods.demand {
 		if g.count[d.replicaType] {
 			g.minCount++
 		}
+		if g.join[d.replicaType] && !g.count[d.replicaType] && d.gpus > 0 && !late[d.replicaType] {
+			// The group's zone is chosen by the pods created first, alone.
+			late[d.replicaType] = true
+			g.none = true
+			g.why = append(g.why, fmt.Sprintf("%s, with GPUs, is created only after the pods before it run, and a PodGroup's zone is chosen by those alone: it may find no room there (this advice picks the zone for every pod before any is created)", d.replicaType))
+		}
+	}
+	if len(late) > 0 {
+		// No group to join: only the reasons for giving none.
+		g.why = slices.DeleteFunc(g.why, func(w string) bool { return strings.Contains(w, "joins the group") })
 	}
 	if !g.none && g.minCount == 0 {
 		g.none = true

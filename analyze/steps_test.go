@@ -217,6 +217,22 @@ func TestGangSteps(t *testing.T) {
 		}
 		return objs
 	}
+	// The driver after its workers: the workers are the gang; the driver
+	// joins it.
+	for name, spec := range map[string]map[string]any{
+		"dependsOn Ready": {"replicatedJobs": []any{map[string]any{"name": "workers"},
+			map[string]any{"name": "driver", "dependsOn": []any{map[string]any{"name": "workers", "status": "Ready"}}}}},
+		"startupPolicy InOrder": {"startupPolicy": map[string]any{"startupPolicyOrder": "InOrder"},
+			"replicatedJobs": []any{map[string]any{"name": "workers"}, map[string]any{"name": "driver"}}},
+	} {
+		fix := stepsFix(t, PodGroupsOn, "js", jobSet(spec)...)
+		n, labelled := gangOf(t, fix)
+		if n != 2 || !hasPath(labelled, "[driver]") || !hasPath(labelled, "[workers]") {
+			t.Errorf("JobSet, workers then driver, %s: minCount %d, labelled %v; want 2 (the workers), both templates:\n%s", name, n, labelled, fix)
+		}
+	}
+	// The workers (GPUs) after the driver: a group's zone would be the
+	// driver's choice alone; no gang, the pin, and why.
 	for name, spec := range map[string]map[string]any{
 		"dependsOn Ready": {"replicatedJobs": []any{map[string]any{"name": "driver"},
 			map[string]any{"name": "workers", "dependsOn": []any{map[string]any{"name": "driver", "status": "Ready"}}}}},
@@ -224,9 +240,9 @@ func TestGangSteps(t *testing.T) {
 			"replicatedJobs": []any{map[string]any{"name": "driver"}, map[string]any{"name": "workers"}}},
 	} {
 		fix := stepsFix(t, PodGroupsOn, "js", jobSet(spec)...)
-		n, labelled := gangOf(t, fix)
-		if n != 1 || !hasPath(labelled, "[driver]") || !hasPath(labelled, "[workers]") {
-			t.Errorf("JobSet, %s: minCount %d, labelled %v; want 1 (the driver), both templates:\n%s", name, n, labelled, fix)
+		if strings.Contains(fix, "kind: PodGroup") || !strings.Contains(fix, "nodeAffinity") || !strings.HasPrefix(fix, "# No gang advice: ") ||
+			!strings.Contains(fix, "workers, with GPUs, is created only after") || strings.Contains(fix, "joins the group") {
+			t.Errorf("JobSet, driver then workers, %s: want no gang and the pin, with the reason first:\n%s", name, fix)
 		}
 	}
 	// Created at once: the whole JobSet is the gang.
