@@ -132,3 +132,53 @@ func initializerRuntime(sz Size) map[string]any {
 	rt["replicatedJobs"] = []any{initJob("dataset-initializer"), initJob("model-initializer"), node}
 	return rt
 }
+
+// ManyPodSetShapes are jobs of three pod sets, each of its own shape (a
+// Kueue pod group makes a pod set of each shape): a TFJob with a Chief, 2
+// parameter servers and workers; a RayJob with two worker groups; a
+// JobSet of three replicated jobs. Their GPUs are the workers' of Size,
+// split over two pod sets where a shape has two.
+func ManyPodSetShapes() []*Shape {
+	half := func(sz Size) Size {
+		sz.WorkerGPUs /= 2
+		sz.WorkerCPU = "3"
+		return sz
+	}
+	tf := kubeflow("TFJob Chief + PS + Worker", "TFJob", "kubeflow.org/v1", "tfReplicaSpecs", "Chief", "tfjob-controller")
+	tfBase := tf.manifest
+	tf.manifest = func(name string, sz Size) map[string]any {
+		m := tfBase(name, sz)
+		ps := map[string]any{"spec": map[string]any{"restartPolicy": "OnFailure", "containers": []any{container("tensorflow", "3", "12Gi", 0)}}}
+		Dig(m, "spec", "tfReplicaSpecs")["PS"] = map[string]any{"replicas": 2, "restartPolicy": "OnFailure", "template": ps}
+		return m
+	}
+
+	ray := rayJob()
+	ray.Name = "RayJob with two worker groups"
+	rayBase := ray.manifest
+	ray.manifest = func(name string, sz Size) map[string]any {
+		m := rayBase(name, sz)
+		rc := Dig(m, "spec", "rayClusterSpec")
+		g := rc["workerGroupSpecs"].([]any)[0].(map[string]any)
+		g["replicas"] = sz.Workers / 2
+		rc["workerGroupSpecs"] = append(rc["workerGroupSpecs"].([]any), map[string]any{"groupName": "gpu-half", "replicas": sz.Workers,
+			"template": podTemplate("ray-worker", true, half(sz), "Always")})
+		return m
+	}
+
+	js := jobSet()
+	js.Name = "JobSet of three replicated jobs"
+	jsBase := js.manifest
+	js.manifest = func(name string, sz Size) map[string]any {
+		m := jsBase(name, sz)
+		spec := Dig(m, "spec")
+		rjs := spec["replicatedJobs"].([]any)
+		w := rjs[1].(map[string]any)
+		jobSpec := Dig(w, "template", "spec")
+		jobSpec["parallelism"], jobSpec["completions"] = sz.Workers/2, sz.Workers/2
+		spec["replicatedJobs"] = append(rjs, map[string]any{"name": "workers-half", "replicas": 1, "template": map[string]any{"spec": map[string]any{
+			"parallelism": sz.Workers, "completions": sz.Workers, "completionMode": "Indexed", "template": podTemplate("worker", true, half(sz), "Never")}}})
+		return m
+	}
+	return []*Shape{tf, ray, js}
+}
