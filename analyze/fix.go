@@ -2,6 +2,7 @@ package analyze
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 
@@ -80,11 +81,7 @@ func suggestedFix(j *Job, pods *jobPods, nodes map[string]nodeInfo, used map[str
 			zones = append(zones, r.zone)
 		}
 	}
-	var gpus int64
-	for _, d := range pods.demand {
-		gpus += d.gpus
-	}
-	need := fmt.Sprintf("%s in %s", plural(int(gpus), "GPU"), plural(len(pods.demand), "pod"))
+	need := needOf(pods)
 	if pods.kueuePreferred {
 		return kueuePreferredFix(j, pods, nodes, need, rooms)
 	}
@@ -95,7 +92,16 @@ func suggestedFix(j *Job, pods *jobPods, nodes map[string]nodeInfo, used map[str
 		defer func() { fix += volcanoAdvice(len(pods.demand)) }()
 	}
 	if podGroups && j.JobKind != "VolcanoJob" {
-		return gangFix(j, pods, nodes, rooms, need)
+		g := planGang(j.JobKind, pods)
+		if !g.none {
+			gp := g.gangPods(pods)
+			return gangFix(j, gp, nodes, roomByZone(gp.demand, nodes, used), needOf(gp), g)
+		}
+		// The advice below does not depend on the order in which the
+		// controller creates the pods.
+		defer func() {
+			fix = "# No gang advice: " + strings.Join(g.why, "; ") + ".\n" + fix
+		}()
 	}
 	if len(zones) == 0 {
 		return noRoomFix(j, pods, nodes, need, rooms)
@@ -135,11 +141,20 @@ func suggestedFix(j *Job, pods *jobPods, nodes map[string]nodeInfo, used map[str
 	return b.String()
 }
 
+// needOf says what the job's unfinished pods need.
+func needOf(pods *jobPods) string {
+	var gpus int64
+	for _, d := range pods.demand {
+		gpus += d.gpus
+	}
+	return fmt.Sprintf("%s in %s", plural(int(gpus), "GPU"), plural(len(pods.demand), "pod"))
+}
+
 // noRoomFix: no zone can hold the job; pinning it would leave pods
 // Pending, so the advice is gang admission: Kueue admits the job only
 // into a zone with room for every pod set, and creates no pod before.
 func noRoomFix(j *Job, pods *jobPods, nodes map[string]nodeInfo, need string, rooms []zoneRoom) string {
-	where, spec := kueueTemplates(j, pods, nodes, rooms, KueueTopologyAnnotation)
+	where, spec, note := kueueTemplates(j, pods, nodes, rooms, KueueTopologyAnnotation)
 	body, err := yaml.Marshal(map[string]any{
 		"metadata": map[string]any{"labels": map[string]any{KueueQueueLabel: "<LocalQueue of a TAS ResourceFlavor>"}},
 		"spec":     spec,
@@ -153,6 +168,7 @@ func noRoomFix(j *Job, pods *jobPods, nodes map[string]nodeInfo, need string, ro
 	b.WriteString("# Pinning it to one zone would leave pods Pending. Free room in one zone (or shrink the job), or let Kueue\n")
 	fmt.Fprintf(&b, "# topology-aware scheduling admit it only when one zone has room: add this to %s (docs/runbooks.md, Kueue TAS;\n", where)
 	b.WriteString("# pods without GPUs tolerate the GPU nodes' taints so that they fit the GPU zone's flavor with their workers).\n")
+	b.WriteString(note)
 	b.Write(body)
 	return b.String()
 }
@@ -373,29 +389,109 @@ func sortedKeys(m map[string]bool) []string {
 }
 
 // kueueTemplates lays Kueue TAS's annotations (topology, of kind
-// required or preferred, and one podset group for two templates: a
-// coordinator's pod set and its workers' in one zone together) on the
-// job's templates, with tolerations of the GPU nodes' taints for those
-// without GPUs (the TAS flavor holds the GPU nodes: a coordinator that
-// cannot run on them fits no domain with its workers).
-func kueueTemplates(j *Job, pods *jobPods, nodes map[string]nodeInfo, rooms []zoneRoom, annotation string) (string, map[string]any) {
+// required or preferred) on the job's templates, with tolerations of the
+// GPU nodes' taints for those without GPUs (the TAS flavor holds the GPU
+// nodes: a coordinator that cannot run on them fits no domain with its
+// workers). Kueue fits each pod set into a domain of its own choosing;
+// it keeps two pod sets in one domain only as a podset group, of exactly
+// two pod sets of which one is a single pod (kueue v0.17.0
+// jobframework.ValidatePodSetGroupingTopology refuses other groups, and
+// the TAS snapshot's findLeaderAndWorkers fits only two). Two such
+// templates get a group; more (or two of several pods each) are all held
+// to one zone by a required nodeAffinity, which Kueue TAS honours when it
+// picks domains (pkg/cache/scheduler tas_flavor_snapshot.go): the job is
+// admitted when that zone has room. note says which.
+func kueueTemplates(j *Job, pods *jobPods, nodes map[string]nodeInfo, rooms []zoneRoom, annotation string) (where string, spec map[string]any, note string) {
 	tols := allZoneTolerations(pods, nodes, rooms)
-	templates := 0
-	patchTemplates(j, pods, func(...string) map[string]any { templates++; return nil })
-	return patchTemplates(j, pods, func(replicaTypes ...string) map[string]any {
+	templates, single := 0, 0
+	patchTemplates(j, pods, func(rts ...string) map[string]any {
+		templates++
+		if podsOf(pods, rts) == 1 {
+			single++
+		}
+		return nil
+	})
+	group := templates == 2 && single > 0
+	var pin map[string]any
+	if templates > 1 && !group {
+		zone, ever := kueueZone(pods, nodes, rooms)
+		if zone != "" {
+			pin = map[string]any{"nodeAffinity": map[string]any{"requiredDuringSchedulingIgnoredDuringExecution": map[string]any{
+				"nodeSelectorTerms": []any{map[string]any{"matchExpressions": []any{map[string]any{
+					"key": kube.LabelZone, "operator": "In", "values": []any{zone}}}}}}}}
+			note = fmt.Sprintf("# Kueue keeps only two pod sets together (a podset group: one of them a single pod); this job has %d pod sets of which Kueue would pick a zone each,\n", templates)
+			if ever {
+				note += fmt.Sprintf("# so every template is also held to %s, the zone that can hold the whole job when its room is free: Kueue admits the job when %s has room.\n", zone, zone)
+			} else {
+				note += fmt.Sprintf("# so every template is also held to %s, the zone with the most free GPUs; no zone could hold the whole job even empty: Kueue admits it only once %s grows.\n", zone, zone)
+			}
+		}
+	}
+	where, spec = patchTemplates(j, pods, func(replicaTypes ...string) map[string]any {
 		ann := map[string]any{annotation: kube.LabelZone}
-		if templates == 2 {
+		if group {
 			ann[KueueGroupAnnotation] = "training"
 		}
 		out := map[string]any{"metadata": map[string]any{"annotations": ann}}
+		s := map[string]any{}
+		if pin != nil {
+			s["affinity"] = pin
+		}
 		for _, rt := range replicaTypes {
 			if t := tols[rt]; len(t) > 0 {
-				out["spec"] = map[string]any{"tolerations": t}
+				s["tolerations"] = t
 				break
 			}
 		}
+		if len(s) > 0 {
+			out["spec"] = s
+		}
 		return out
 	})
+	return where, spec, note
+}
+
+// podsOf counts a template's pods: its unfinished pods, else every pod
+// the dump holds of it (the controller makes them again).
+func podsOf(pods *jobPods, replicaTypes []string) int {
+	n, all := 0, 0
+	for _, d := range pods.demand {
+		if slices.Contains(replicaTypes, d.replicaType) {
+			n++
+		}
+	}
+	for _, rt := range replicaTypes {
+		all += pods.seen[rt]
+	}
+	if n == 0 {
+		return all
+	}
+	return n
+}
+
+// kueueZone is the zone every pod set of a job is held to for Kueue: of
+// the zones whose nodes could hold the whole job when the other pods'
+// room is free, the one with the most free GPUs now (ever: there is one);
+// else the zone with the most free GPUs.
+func kueueZone(pods *jobPods, nodes map[string]nodeInfo, rooms []zoneRoom) (zone string, ever bool) {
+	// Unbound, the job's pods and no other take room.
+	unbound := slices.Clone(pods.demand)
+	for i := range unbound {
+		unbound[i].node = ""
+	}
+	empty := map[string]bool{}
+	for _, r := range roomByZone(unbound, nodes, nil) {
+		empty[r.zone] = r.fits
+	}
+	for _, r := range rooms {
+		if empty[r.zone] {
+			return r.zone, true
+		}
+	}
+	if len(rooms) > 0 {
+		return rooms[0].zone, false
+	}
+	return "", false
 }
 
 // allZoneTolerations: gpuTolerations over every zone, merged.
@@ -423,7 +519,7 @@ func allZoneTolerations(pods *jobPods, nodes map[string]nodeInfo, rooms []zoneRo
 // across zones: the split is Kueue's choice. Required topology makes it
 // wait for one zone instead.
 func kueuePreferredFix(j *Job, pods *jobPods, nodes map[string]nodeInfo, need string, rooms []zoneRoom) string {
-	where, spec := kueueTemplates(j, pods, nodes, rooms, KueueTopologyAnnotation)
+	where, spec, note := kueueTemplates(j, pods, nodes, rooms, KueueTopologyAnnotation)
 	body, err := yaml.Marshal(map[string]any{"spec": spec})
 	if err != nil {
 		return ""
@@ -433,6 +529,7 @@ func kueuePreferredFix(j *Job, pods *jobPods, nodes map[string]nodeInfo, need st
 		j.JobKind, j.Namespace, j.JobName, KueuePreferredTopologyAnnotation)
 	fmt.Fprintf(&b, "# across zones when none has room for it (%s; free GPUs by zone now: %s). To wait for one zone instead, replace it with\n", need, roomSummary(rooms))
 	fmt.Fprintf(&b, "# %s in %s and re-create the job:\n", KueueTopologyAnnotation, where)
+	b.WriteString(note)
 	b.Write(body)
 	return b.String()
 }

@@ -91,13 +91,16 @@ func PodGroupManifest(namespace, name string, minCount int) map[string]any {
 	}
 }
 
-// gangFix: a PodGroup for the whole job (gang of every unfinished pod, one
-// zone) and the job's templates joined to it, in its own kind: the
+// gangFix: a PodGroup for the job (a gang of the unfinished pods that the
+// controller creates at once, first: g.minCount, one zone) and the
+// templates of g's pods joined to it, in the job's own kind: the
 // templates' spec.schedulingGroup where the controller carries it, else
-// the PodGroupLabel for the admission policy. No zone is named: the
-// scheduler picks one with room for all of it, or binds none and waits.
-// Pods without GPUs tolerate the GPU nodes' taints of every zone.
-func gangFix(j *Job, pods *jobPods, nodes map[string]nodeInfo, rooms []zoneRoom, need string) string {
+// the PodGroupLabel for the admission policy. pods are the pods that join
+// (planGang). No zone is named: the scheduler picks one with room for all
+// of them, or binds none and waits; pods of a later step join the group
+// in its zone. Pods without GPUs tolerate the GPU nodes' taints of every
+// zone.
+func gangFix(j *Job, pods *jobPods, nodes map[string]nodeInfo, rooms []zoneRoom, need string, g gangPlan) string {
 	name := podGroupName(j)
 	carries := schedulingGroupCarriers[j.JobKind]
 	tols := allZoneTolerations(pods, nodes, rooms)
@@ -120,7 +123,7 @@ func gangFix(j *Job, pods *jobPods, nodes map[string]nodeInfo, rooms []zoneRoom,
 		}
 		return out
 	})
-	pg, err := yaml.Marshal(PodGroupManifest(j.Namespace, name, len(pods.demand)))
+	pg, err := yaml.Marshal(PodGroupManifest(j.Namespace, name, g.minCount))
 	if err != nil {
 		return ""
 	}
@@ -137,8 +140,15 @@ func gangFix(j *Job, pods *jobPods, nodes map[string]nodeInfo, rooms []zoneRoom,
 	var b strings.Builder
 	fmt.Fprintf(&b, "# Keep every pod of %s %s/%s in one zone with kube-scheduler's gang + topology scheduling (%s PodGroup; gates GenericWorkload and TopologyAwareWorkloadScheduling on the apiserver and scheduler).\n",
 		j.JobKind, j.Namespace, j.JobName, PodGroupAPIVersion)
-	fmt.Fprintf(&b, "# The scheduler binds no pod of the group until one zone has room for all %d (%s; free GPUs by zone now: %s; %s), then all of them there.\n",
-		len(pods.demand), need, roomSummary(rooms), fitsNow(fits))
+	if g.minCount == len(pods.demand) {
+		fmt.Fprintf(&b, "# The scheduler binds no pod of the group until one zone has room for all %d (%s; free GPUs by zone now: %s; %s), then all of them there.\n",
+			len(pods.demand), need, roomSummary(rooms), fitsNow(fits))
+	} else {
+		fmt.Fprintf(&b, "# The scheduler binds none of the %d pods created first until one zone has room for them, then all of them there; the pods created later join the group in that zone\n", g.minCount)
+		fmt.Fprintf(&b, "# (they wait there, Pending, if it filled meanwhile: only the first step is a gang). The group's pods: %s; free GPUs by zone now: %s; %s.\n",
+			need, roomSummary(rooms), fitsNow(fits))
+	}
+	b.WriteString(stepsNote(g.why))
 	fmt.Fprintf(&b, "# Create the PodGroup, then add the rest to %s and re-create the job (running pods do not move).\n", where)
 	if len(tols) > 0 {
 		b.WriteString("# Pods without GPUs tolerate the GPU nodes' taints, so they can run next to the workers.\n")

@@ -434,7 +434,9 @@ func placeGang(ctx context.Context, lab *schedlab.Lab, j *schedlab.Job, cell, or
 		if err != nil {
 			return nil, err
 		}
-		if pg != nil && p.Pending() != len(p) {
+		// Held unless they are the gang's minCount (an MPIJob's workers:
+		// its launcher joins the group, uncounted).
+		if pg != nil && len(first) < int(pg.Spec.SchedulingPolicy.Gang.MinCount) && p.Pending() != len(p) {
 			return nil, fmt.Errorf("%d of the gang's first %d pods were bound before the rest existed: %v", len(p)-p.Pending(), len(p), p)
 		}
 		if err := midway(); err != nil {

@@ -191,9 +191,14 @@ type jobPods struct {
 	guesses  []string // replica types
 	// demand is every unfinished pod of the job, pending ones too.
 	demand []podDemand
+	// seen counts the pods of each replica type, finished ones too.
+	seen map[string]int
 	// kueuePreferred: some pod asks Kueue TAS for a preferred (not a
 	// required) topology: Kueue may have admitted it across zones.
 	kueuePreferred bool
+	// jobSet is the job's JobSet (a TrainJob's too) when the dump holds
+	// it: whether its replicated jobs start in steps.
+	jobSet *jobSetSpec
 }
 
 // podSet is what loadPods reads: each job's pods, and what every
@@ -242,7 +247,7 @@ func loadPods(index *topology.Index, rules []topology.Rule, path string) (*podSe
 		k := jobKey{p.Namespace, p.Identity.Name}
 		j := jobs[k]
 		if j == nil {
-			j = &jobPods{replicas: map[string]bool{}, set: p.Identity.Set}
+			j = &jobPods{replicas: map[string]bool{}, seen: map[string]int{}, set: p.Identity.Set}
 			for _, r := range rules {
 				if pod.Labels[r.NameLabel] != "" {
 					j.selector = r.NameLabel
@@ -259,6 +264,7 @@ func loadPods(index *topology.Index, rules []topology.Rule, path string) (*podSe
 		if !finished {
 			j.demand = append(j.demand, d)
 		}
+		j.seen[p.Identity.ReplicaType]++
 		if pod.Annotations[KueuePreferredTopologyAnnotation] != "" && pod.Annotations[KueueTopologyAnnotation] == "" {
 			j.kueuePreferred = true
 		}
@@ -307,6 +313,17 @@ func loadPods(index *topology.Index, rules []topology.Rule, path string) (*podSe
 			}
 		}
 	}
+	// JobSets in the dump (kubectl get pods,jobsets) say whether their
+	// replicated jobs start in steps; a dump without them is no error.
+	_ = kube.DecodeObjects(bytes.NewReader(f.json), "JobSet", func(raw json.RawMessage) error {
+		ns, name, js, err := decodeJobSet(raw)
+		if err == nil {
+			if j := jobs[jobKey{ns, name}]; j != nil {
+				j.jobSet = js
+			}
+		}
+		return nil
+	})
 	for _, j := range jobs {
 		if j.explicit {
 			continue

@@ -241,6 +241,11 @@ func jobSet() *Shape {
 		for _, jn := range jobs {
 			owners = append(owners, ownerObject("batch/v1", "Job", j.Namespace, jn, ownerRef(apiVersion, "JobSet", j.Name)))
 		}
+		// The JobSet itself, as kubectl get pods,jobsets dumps it: analyze
+		// reads from it whether its replicated jobs start in steps.
+		js := deepCopy(j.Manifest)
+		js["metadata"] = map[string]any{"name": j.Name, "namespace": j.Namespace, "uid": string(uid("JobSet", j.Name))}
+		owners = append(owners, js)
 		return coords, workers, owners, err
 	}
 	return s

@@ -55,6 +55,9 @@ func TestShapesIdentity(t *testing.T) {
 		own := owners{}
 		for _, o := range objs {
 			m := o["metadata"].(map[string]any)
+			if m["ownerReferences"] == nil {
+				continue // a top owner (a JobSet)
+			}
 			ref := m["ownerReferences"].([]any)[0].(metav1.OwnerReference)
 			own[o["kind"].(string)+"/"+m["name"].(string)] = topology.OwnerRef{APIVersion: ref.APIVersion, Kind: ref.Kind, Name: ref.Name}
 		}
@@ -83,6 +86,48 @@ func TestShapesIdentity(t *testing.T) {
 			if tm.T == nil || tm.T["spec"] == nil {
 				t.Errorf("%s: template %s is empty", s.Name, tm.Path)
 			}
+		}
+	}
+}
+
+// TestStepShapesIdentity: every pod of each step of a shape that comes in
+// steps is the job topology identifies, and every pod is in one step.
+func TestStepShapesIdentity(t *testing.T) {
+	sz := Size{Workers: 3, WorkerGPUs: 1, WorkerCPU: "1", WorkerMem: "1Gi", CoordCPU: "1", CoordMem: "1Gi"}
+	for _, s := range StepShapes() {
+		j := s.New("ns", "train", sz)
+		coords, workers, objs, err := j.Pods()
+		if err != nil {
+			t.Fatalf("%s: %v", s.Name, err)
+		}
+		own := owners{}
+		for _, o := range objs {
+			m := o["metadata"].(map[string]any)
+			if m["ownerReferences"] == nil {
+				continue
+			}
+			ref := m["ownerReferences"].([]any)[0].(metav1.OwnerReference)
+			own[o["kind"].(string)+"/"+m["name"].(string)] = topology.OwnerRef{APIVersion: ref.APIVersion, Kind: ref.Kind, Name: ref.Name}
+		}
+		steps, err := s.Steps(j)
+		if err != nil {
+			t.Fatalf("%s: %v", s.Name, err)
+		}
+		n := 0
+		for i, st := range steps {
+			if len(st.Pods) == 0 {
+				t.Errorf("%s: step %d has no pod", s.Name, i)
+			}
+			n += len(st.Pods)
+			for _, p := range st.Pods {
+				id, ok := topology.Identify(topology.DefaultRules(), kube.PodMeta(p), own)
+				if !ok || id.Kind != s.Kind || id.Name != "train" {
+					t.Errorf("%s: pod %s is %+v (%v), want %s train", s.Name, p.Name, id, ok, s.Kind)
+				}
+			}
+		}
+		if n != len(coords)+len(workers) {
+			t.Errorf("%s: %d pods in the steps, %d in the job", s.Name, n, len(coords)+len(workers))
 		}
 	}
 }

@@ -49,6 +49,8 @@ type Shape struct {
 	manifest  func(name string, sz Size) map[string]any
 	pods      func(j *Job) (coordinators, workers []*corev1.Pod, owners []map[string]any, err error)
 	templates func(j *Job) []Template
+	// runtime makes a TrainJob's runtime template (torchRuntime if nil).
+	runtime func(sz Size) map[string]any
 }
 
 // New makes a job of the shape.
@@ -56,6 +58,9 @@ func (s *Shape) New(namespace, name string, sz Size) *Job {
 	j := &Job{Shape: s, Namespace: namespace, Name: name, Manifest: s.manifest(name, sz)}
 	if s.Kind == "TrainJob" {
 		j.Runtime = torchRuntime(sz)
+		if s.runtime != nil {
+			j.Runtime = s.runtime(sz)
+		}
 	}
 	return j
 }
