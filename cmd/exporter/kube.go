@@ -44,7 +44,7 @@ func startKube(ctx context.Context, w *wiring, in *inputs, rules []topology.Rule
 		}
 		in.identities = &fenceIdentities{}
 		w.index.SetRemote(w.nodeName, ipc, in.identities, rules)
-		live, factories, err = kube.NewLocal(in.kube, w.index, rules, w.nodeName, resync, logger)
+		live, factories, err = kube.NewLocal(in.kube, w.index, rules, w.nodeName, resync, logger, in.localOptions...)
 		if err != nil {
 			return nil, fmt.Errorf("setting up informers: %w", err)
 		}

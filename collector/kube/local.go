@@ -84,15 +84,30 @@ type holding struct {
 // as the node's jobs come and go), besides the node informer. It keeps no
 // cluster-wide pod list: the index places every other address through
 // the node's Cilium state (topology.Index.SetRemote).
-func NewLocal(client kubernetes.Interface, index *topology.Index, rules []topology.Rule, node string, resync time.Duration, logger *slog.Logger) (*Live, []informers.SharedInformerFactory, error) {
+//
+// With PeerNodes, it reads only the nodes it needs instead of watching
+// every node (nodes.go).
+func NewLocal(client kubernetes.Interface, index *topology.Index, rules []topology.Rule, node string, resync time.Duration, logger *slog.Logger, opts ...LocalOption) (*Live, []informers.SharedInformerFactory, error) {
 	if node == "" {
 		return nil, nil, fmt.Errorf("the per-node view needs the node's name")
 	}
 	l := &Live{index: index, rules: rules, logger: logger, resync: resync, denied: NewDenials("kubernetes", logger),
 		client: client, feeds: map[jobSel]*jobFeed{}, localJob: map[string]jobID{}, jobs: map[jobID]*jobGroup{}, held: map[string][]holding{}, strip: PodStripper(rules)}
-	nf, err := l.nodeInformer(client)
-	if err != nil {
-		return nil, nil, err
+	for _, o := range opts {
+		o(l)
+	}
+	var factories []informers.SharedInformerFactory
+	if l.peers == nil {
+		nf, err := l.nodeInformer(client)
+		if err != nil {
+			return nil, nil, err
+		}
+		factories = append(factories, nf)
+	} else {
+		l.peers.mu.Lock()
+		l.peers.holdLocked(node)
+		l.peers.mu.Unlock()
+		index.SetNodeMiss(l.peers.addr)
 	}
 	pf := informers.NewSharedInformerFactoryWithOptions(client, resync,
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
@@ -111,7 +126,7 @@ func NewLocal(client kubernetes.Interface, index *topology.Index, rules []topolo
 		return nil, nil, fmt.Errorf("pod informer handler: %w", err)
 	}
 	l.synced = append(l.synced, reg.HasSynced)
-	return l, []informers.SharedInformerFactory{nf, pf}, nil
+	return l, append(factories, pf), nil
 }
 
 // podInformer gives a pod informer the transform, the denial handler and
@@ -408,6 +423,9 @@ func (l *Live) dropLocked(by *jobFeed, namespace, name string) {
 	if len(hs) == 0 {
 		delete(l.held, key)
 		l.index.DeletePod(sourceView, namespace, name)
+		if l.peers != nil {
+			l.peers.pod(key, "")
+		}
 		return
 	}
 	l.held[key] = hs
