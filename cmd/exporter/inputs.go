@@ -49,6 +49,9 @@ type inputs struct {
 	ipcacheInterval time.Duration
 	// localOptions are the per-node view's (--kube.node-view).
 	localOptions []kube.LocalOption
+	// noServices: no Service and EndpointSlice informers
+	// (--no-kube.services.enabled).
+	noServices bool
 	// probe says whom the prober measures; zero: this node's exporter
 	// probing the exporter pods the API lists.
 	probe probeInput
