@@ -910,6 +910,9 @@ func createService(ctx context.Context, c kubernetes.Interface, i, jobs, perJob 
 			Conditions: discoveryv1.EndpointConditions{Ready: new(true)},
 			TargetRef:  &corev1.ObjectReference{Kind: "Pod", Namespace: "ml", Name: fmt.Sprintf("%s-worker-%d", name, k)}})
 	}
+	if clusterIP == corev1.ClusterIPNone {
+		es.Labels[corev1.IsHeadlessService] = "" // as the EndpointSlice controller labels it
+	}
 	_, err := c.DiscoveryV1().EndpointSlices("ml").Create(ctx, es, metav1.CreateOptions{})
 	return err
 }
