@@ -161,6 +161,10 @@ func (p *peerNodes) run(ctx context.Context) {
 				failed = true
 			}
 		}
+		// Release the waiters now, not at the next wake or tick (a
+		// minute away, when the waiter's own wake-up was taken by this
+		// round).
+		p.settle()
 		var retry <-chan time.Time
 		if failed {
 			retry = time.After(backoff)
@@ -200,11 +204,22 @@ func (p *peerNodes) due() []string {
 			out = append(out, n)
 		}
 	}
+	p.settleLocked()
+	return out
+}
+
+func (p *peerNodes) settle() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.settleLocked()
+}
+
+// settleLocked releases the waiters when no node is left to read.
+func (p *peerNodes) settleLocked() {
 	if len(p.want) == 0 {
 		close(p.settled)
 		p.settled = make(chan struct{})
 	}
-	return out
 }
 
 // read lists one node by name and puts it in the index while it is held.
