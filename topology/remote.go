@@ -187,6 +187,15 @@ func (x *Index) SetRemoteFeeds(f RemoteFeeds) {
 	x.remote.feeds = f
 }
 
+// SetNodeMiss asks miss (which must not block) for the node of a tunnel
+// endpoint the ipcache names and the index does not hold: a per-node view
+// that reads only the nodes it needs (collector/kube PeerNodes).
+func (x *Index) SetNodeMiss(miss func(netip.Addr)) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	x.nodeMiss = miss
+}
+
 // SetRemoteOwners makes the per-node view name a remote pod's job after
 // its top owner (the kube feed's owner informers), as the pods' own nodes
 // do. Call it before flows are classified; a no-op without SetRemote.
@@ -237,6 +246,9 @@ func (x *Index) remoteLocked(a netip.Addr) (Endpoint, bool) {
 	switch {
 	case ent.NodeIP.IsValid() && !ent.NodeIP.IsUnspecified():
 		n = x.nodeIPs[ent.NodeIP.Unmap()]
+		if n == nil && x.nodeMiss != nil {
+			x.nodeMiss(ent.NodeIP.Unmap())
+		}
 	case localEndpoint(a, ent):
 		n = x.nodes[r.node]
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/zonewatch/zonewatch/collector/gpu"
 	"github.com/zonewatch/zonewatch/collector/hubble"
 	"github.com/zonewatch/zonewatch/collector/ipcache"
+	"github.com/zonewatch/zonewatch/collector/kube"
 	"github.com/zonewatch/zonewatch/collector/probe"
 )
 
@@ -46,6 +47,11 @@ type inputs struct {
 	// watches every job pod (--kube.pod-view=cluster).
 	ipcache         ipcache.Source
 	ipcacheInterval time.Duration
+	// localOptions are the per-node view's (--kube.node-view).
+	localOptions []kube.LocalOption
+	// noServices: no Service and EndpointSlice informers
+	// (--no-kube.services.enabled).
+	noServices bool
 	// probe says whom the prober measures; zero: this node's exporter
 	// probing the exporter pods the API lists.
 	probe probeInput

@@ -9,6 +9,7 @@ import (
 	"github.com/alecthomas/kingpin/v2"
 
 	"github.com/zonewatch/zonewatch/collector/ipcache"
+	"github.com/zonewatch/zonewatch/collector/kube"
 	"github.com/zonewatch/zonewatch/topology"
 )
 
@@ -21,12 +22,16 @@ func init() { register("ipcache", &ipcachePart{}) }
 // through it before the informers fill it, so start has nothing left to do.
 type ipcachePart struct {
 	view     *string
+	nodeView *string
+	refresh  *time.Duration
 	bpffs    *string
 	interval *time.Duration
 }
 
 func (p *ipcachePart) flags(cmd *kingpin.CmdClause) {
 	p.view = flagOf(cmd, "kube.pod-view", "Which job pods a DaemonSet exporter (--node-name set) watches: node (its node's pods and all pods of the jobs running there; other addresses are placed through the node's Cilium ipcache) or cluster (every job pod of the cluster, as Relay mode does).").Default("node").Enum("node", "cluster")
+	p.nodeView = flagOf(cmd, "kube.node-view", "Which nodes a DaemonSet exporter in the per-node view (--kube.pod-view=node) reads: peers (its own node, the nodes of the pods it holds, and the node behind each tunnel endpoint its ipcache names, found through that node's host-network pods; each read by name, never watched) or cluster (a watch of every node: every node's status report, about 17 KB on a GPU node every 5 minutes, reaches every exporter; docs/performance.md).").Default("peers").Enum("peers", "cluster")
+	p.refresh = flagOf(cmd, "kube.node-refresh", "How often a node the peers node view holds is read again (--kube.node-view=peers).").Default("30m").Duration()
 	p.bpffs = flagOf(cmd, "ipcache.bpffs-path", "Folder of the BPF filesystem where Cilium pins its ipcache map (cilium_ipcache_v2, cilium_ipcache before 1.18).").Default("/sys/fs/bpf/tc/globals").String()
 	p.interval = flagOf(cmd, "ipcache.refresh-interval", "How often to read the ipcache map (--kube.pod-view=node).").Default("10s").Duration()
 }
@@ -34,6 +39,9 @@ func (p *ipcachePart) flags(cmd *kingpin.CmdClause) {
 func (p *ipcachePart) input(in *inputs) {
 	if *p.view == "node" {
 		in.ipcache = ipcache.BPFSource{Dir: *p.bpffs, Load: in.loadPin}
+		if *p.nodeView == "peers" {
+			in.localOptions = append(in.localOptions, kube.PeerNodes(*p.refresh))
+		}
 	}
 	in.ipcacheInterval = *p.interval
 }

@@ -44,7 +44,7 @@ func startKube(ctx context.Context, w *wiring, in *inputs, rules []topology.Rule
 		}
 		in.identities = &fenceIdentities{}
 		w.index.SetRemote(w.nodeName, ipc, in.identities, rules)
-		live, factories, err = kube.NewLocal(in.kube, w.index, rules, w.nodeName, resync, logger)
+		live, factories, err = kube.NewLocal(in.kube, w.index, rules, w.nodeName, resync, logger, in.localOptions...)
 		if err != nil {
 			return nil, fmt.Errorf("setting up informers: %w", err)
 		}
@@ -60,11 +60,14 @@ func startKube(ctx context.Context, w *wiring, in *inputs, rules []topology.Rule
 	// Until the Services are known, a connection to a ClusterIP would be
 	// counted to an unknown zone: the conntrack growth is held until then
 	// as it is for the pods.
-	svcs, svcFactory, err := kube.NewServices(in.kube, w.index, resync, logger)
-	if err != nil {
-		return nil, fmt.Errorf("setting up service informers: %w", err)
+	var svcs *kube.Services
+	var svcFactory informers.SharedInformerFactory
+	if !in.noServices {
+		if svcs, svcFactory, err = kube.NewServices(in.kube, w.index, resync, logger); err != nil {
+			return nil, fmt.Errorf("setting up service informers: %w", err)
+		}
+		w.self.MustRegister(skippedAddresses{svcs})
 	}
-	w.self.MustRegister(skippedAddresses{svcs})
 	feed := kubeFeed{live, svcs}
 	w.exporter.AddSource("kubernetes", feed)
 	// Ready (and the conntrack growth released) once the informers have
@@ -85,11 +88,13 @@ func startKube(ctx context.Context, w *wiring, in *inputs, rules []topology.Rule
 		placement = collector.NewShardPlacement(w.index, w.shard.Owns)
 		w.logger.Info("relay shard", "shard", w.shard.Index, "total_shards", w.shard.Total)
 	}
-	go func() {
-		if err := svcs.Run(ctx, svcFactory); err != nil && ctx.Err() == nil {
-			w.logger.Error("kubernetes feed", "err", err)
-		}
-	}()
+	if svcs != nil {
+		go func() {
+			if err := svcs.Run(ctx, svcFactory); err != nil && ctx.Err() == nil {
+				w.logger.Error("kubernetes feed", "err", err)
+			}
+		}()
+	}
 	go func() {
 		if err := live.Run(ctx, factories); err != nil {
 			if ctx.Err() == nil {
@@ -164,13 +169,14 @@ func (c remoteJobs) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(remoteDemandsDesc, prometheus.CounterValue, float64(st.Dropped), "dropped")
 }
 
-// kubeFeed is the Kubernetes source: up once every informer has synced.
+// kubeFeed is the Kubernetes source: up once every informer has synced
+// (svcs nil: --no-kube.services.enabled).
 type kubeFeed struct {
 	live *kube.Live
 	svcs *kube.Services
 }
 
-func (f kubeFeed) Up() bool { return f.live.Up() && f.svcs.Up() }
+func (f kubeFeed) Up() bool { return f.live.Up() && (f.svcs == nil || f.svcs.Up()) }
 
 // kubeClient builds a client from a kubeconfig or the in-cluster config,
 // the metadata-only client that resolves job pods' top owners, and the

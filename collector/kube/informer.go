@@ -68,6 +68,8 @@ type Live struct {
 	wantMu sync.Mutex
 	wants  []*topology.Demand
 	wake   chan struct{}
+	// peers is the lean node view (PeerNodes); nil: the node informer.
+	peers *peerNodes
 	// hook wraps every handler and job-feed list/watch call of the
 	// per-node view; set by tests only (export_test.go), before Run.
 	hook func(ev handlerEvent, call func())
@@ -185,6 +187,9 @@ func (l *Live) Run(ctx context.Context, factories []informers.SharedInformerFact
 	if l.remote != nil {
 		go l.runRemote(ctx)
 	}
+	if l.peers != nil {
+		go l.peers.run(ctx)
+	}
 	for _, f := range factories {
 		f.Start(ctx.Done())
 	}
@@ -193,6 +198,11 @@ func (l *Live) Run(ctx context.Context, factories []informers.SharedInformerFact
 	}
 	if err := l.waitFeeds(ctx); err != nil {
 		return err
+	}
+	if l.peers != nil {
+		if err := l.peers.wait(ctx); err != nil {
+			return err
+		}
 	}
 	l.isSynced.Store(true)
 	n, p, j := l.index.Counts()
@@ -237,6 +247,9 @@ func (l *Live) upsert(source int, p *CachedPod) {
 		owners = l.owners
 	}
 	l.index.UpsertPod(source, p.Pod(l.rules, owners))
+	if l.peers != nil { // the per-node view's lean node view: hold its node
+		l.peers.pod(p.Namespace+"/"+p.Name, p.node)
+	}
 }
 
 // ownerChanged identifies again the job pods below an owner object (key:

@@ -88,7 +88,10 @@ type holding struct {
 // as the node's jobs come and go), besides the node informer. It keeps no
 // cluster-wide pod list: the index places every other address through
 // the node's Cilium state (topology.Index.SetRemote).
-func NewLocal(client kubernetes.Interface, index *topology.Index, rules []topology.Rule, node string, resync time.Duration, logger *slog.Logger) (*Live, []informers.SharedInformerFactory, error) {
+//
+// With PeerNodes, it reads only the nodes it needs instead of watching
+// every node (nodes.go).
+func NewLocal(client kubernetes.Interface, index *topology.Index, rules []topology.Rule, node string, resync time.Duration, logger *slog.Logger, opts ...LocalOption) (*Live, []informers.SharedInformerFactory, error) {
 	if node == "" {
 		return nil, nil, fmt.Errorf("the per-node view needs the node's name")
 	}
@@ -96,12 +99,24 @@ func NewLocal(client kubernetes.Interface, index *topology.Index, rules []topolo
 		client: client, feeds: map[jobSel]*jobFeed{}, localJob: map[string]jobID{}, jobs: map[jobID]*jobGroup{}, held: map[string][]holding{}, strip: PodStripper(rules),
 		remote: map[jobSel]*remoteGroup{}, pending: map[*topology.Demand]time.Time{}, wake: make(chan struct{}, 1),
 		remoteMax: MaxRemoteJobs, remoteRate: RemoteStartsPerSecond, remoteIdle: RemoteIdle}
+	for _, o := range opts {
+		o(l)
+	}
 	// A remote job an identity selects but cannot name (a RayJob's
 	// submitter, an Indexed Job) is listed on demand (remote.go).
 	index.SetRemoteFeeds(l)
-	nf, err := l.nodeInformer(client)
-	if err != nil {
-		return nil, nil, err
+	var factories []informers.SharedInformerFactory
+	if l.peers == nil {
+		nf, err := l.nodeInformer(client)
+		if err != nil {
+			return nil, nil, err
+		}
+		factories = append(factories, nf)
+	} else {
+		l.peers.mu.Lock()
+		l.peers.holdLocked(node)
+		l.peers.mu.Unlock()
+		index.SetNodeMiss(l.peers.addr)
 	}
 	pf := informers.NewSharedInformerFactoryWithOptions(client, resync,
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
@@ -120,7 +135,7 @@ func NewLocal(client kubernetes.Interface, index *topology.Index, rules []topolo
 		return nil, nil, fmt.Errorf("pod informer handler: %w", err)
 	}
 	l.synced = append(l.synced, reg.HasSynced)
-	return l, []informers.SharedInformerFactory{nf, pf}, nil
+	return l, append(factories, pf), nil
 }
 
 // podInformer gives a pod informer the transform, the denial handler and
@@ -451,6 +466,9 @@ func (l *Live) dropLocked(by *jobFeed, namespace, name string) {
 	if len(hs) == 0 {
 		delete(l.held, key)
 		l.index.DeletePod(sourceView, namespace, name)
+		if l.peers != nil {
+			l.peers.pod(key, "")
+		}
 		return
 	}
 	l.held[key] = hs

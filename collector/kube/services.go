@@ -11,8 +11,11 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/informers"
+	coreinformers "k8s.io/client-go/informers/core/v1"
+	discoveryinformers "k8s.io/client-go/informers/discovery/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 
@@ -63,12 +66,28 @@ func (c *CachedEndpointSlice) GetObjectMeta() metav1.Object {
 	return &metav1.ObjectMeta{Namespace: c.Namespace, Name: c.Name, ResourceVersion: c.ResourceVersion}
 }
 
+// The Service and EndpointSlice informers' selectors (NewServices).
+var (
+	serviceFields = fields.AndSelectors(fields.OneTermNotEqualSelector("spec.clusterIP", corev1.ClusterIPNone),
+		fields.OneTermNotEqualSelector("spec.type", string(corev1.ServiceTypeExternalName))).String()
+	sliceLabels = "!" + corev1.IsHeadlessService
+)
+
 // NewServices prepares the Service and EndpointSlice informers; Run
 // starts them.
 func NewServices(client kubernetes.Interface, index *topology.Index, resync time.Duration, logger *slog.Logger) (*Services, informers.SharedInformerFactory, error) {
 	s := &Services{index: index, logger: logger, denied: NewDenials("kubernetes", logger)}
 	f := informers.NewSharedInformerFactoryWithOptions(client, resync)
-	si := f.Core().V1().Services().Informer()
+	// Only what can place an address: Services with a cluster IP (not
+	// headless, not ExternalName: a job's headless Service has none) and
+	// the EndpointSlices of such Services (the EndpointSlice controller
+	// labels a headless Service's slices service.kubernetes.io/headless,
+	// as kube-proxy selects them), so that what an exporter lists and
+	// watches does not grow with the jobs' headless Services.
+	si := f.InformerFor(&corev1.Service{}, func(c kubernetes.Interface, resync time.Duration) cache.SharedIndexInformer {
+		return coreinformers.NewFilteredServiceInformer(c, metav1.NamespaceAll, resync, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc},
+			func(o *metav1.ListOptions) { o.FieldSelector = serviceFields })
+	})
 	if err := si.SetTransform(s.stripService); err != nil {
 		return nil, nil, fmt.Errorf("service informer transform: %w", err)
 	}
@@ -88,7 +107,10 @@ func NewServices(client kubernetes.Interface, index *topology.Index, resync time
 		return nil, nil, fmt.Errorf("service informer handler: %w", err)
 	}
 	s.synced = append(s.synced, reg.HasSynced)
-	ei := f.Discovery().V1().EndpointSlices().Informer()
+	ei := f.InformerFor(&discoveryv1.EndpointSlice{}, func(c kubernetes.Interface, resync time.Duration) cache.SharedIndexInformer {
+		return discoveryinformers.NewFilteredEndpointSliceInformer(c, metav1.NamespaceAll, resync, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc},
+			func(o *metav1.ListOptions) { o.LabelSelector = sliceLabels })
+	})
 	if err := ei.SetTransform(s.stripSlice); err != nil {
 		return nil, nil, fmt.Errorf("endpointslice informer transform: %w", err)
 	}

@@ -80,6 +80,41 @@ func TestServicesFromAPIServer(t *testing.T) {
 		t.Fatal(err)
 	}
 	await("Service deleted", func(e topology.Endpoint, ok bool) bool { return !ok && e.Service == nil })
+
+	// A job's headless Service and its slice (labelled as the
+	// EndpointSlice controller labels a headless Service's) place nothing
+	// and are not even listed: then a ClusterIP Service, whose placement
+	// says both watches have passed them.
+	sv0, _ := idx.ServiceCounts()
+	if _, err := c.client.CoreV1().Services("ml").Create(c.ctx, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "workers"},
+		Spec: corev1.ServiceSpec{ClusterIP: corev1.ClusterIPNone, Ports: []corev1.ServicePort{{Port: 23456}}}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	headless := slice("workers-1", map[string]*bool{"10.244.2.10": nil})
+	headless.Labels = map[string]string{discoveryv1.LabelServiceName: "workers", corev1.IsHeadlessService: ""}
+	if _, err := c.client.DiscoveryV1().EndpointSlices("ml").Create(c.ctx, headless, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	svc, err = c.client.CoreV1().Services("ml").Create(c.ctx, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "dataset"},
+		Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{{Port: 8080}}}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	vip = netip.MustParseAddr(svc.Spec.ClusterIP)
+	if err := c.client.DiscoveryV1().EndpointSlices("ml").DeleteCollection(c.ctx, metav1.DeleteOptions{},
+		metav1.ListOptions{LabelSelector: discoveryv1.LabelServiceName + "=dataset"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.client.DiscoveryV1().EndpointSlices("ml").Create(c.ctx, slice("dataset-3", map[string]*bool{"10.244.2.11": nil}), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	await("the ClusterIP Service after the headless one", func(e topology.Endpoint, ok bool) bool {
+		return ok && e.Node == "n-b" && e.Service != nil && e.Service.String() == "ml/dataset"
+	})
+	// dataset was held already (its slices outlived it): no new name.
+	if sv1, _ := idx.ServiceCounts(); sv1 != sv0 {
+		t.Errorf("the index holds %d services, want %d: the headless Service or its slice was listed", sv1, sv0)
+	}
 	if n := s.SkippedServices.Load() + s.SkippedSlices.Load(); n != 0 {
 		t.Errorf("skipped %d addresses, want 0", n)
 	}

@@ -58,6 +58,12 @@ spec:
         {{- range .Values.kube.jobRules }}
         - --kube.job-rule={{ . }}
         {{- end }}
+        {{- if not .Values.kube.services }}
+        - --no-kube.services.enabled
+        {{- end }}
+        {{- if not .Values.fence.enabled }}
+        - --no-fence.enabled
+        {{- end }}
         {{- if not .Values.hubble.enabled }}
         - --no-hubble.enabled
         {{- else }}
@@ -126,6 +132,7 @@ spec:
         {{- if include "zonewatch.ipcache" . }}
         - --ipcache.bpffs-path={{ .Values.conntrack.bpffsHostPath }}/{{ .Values.conntrack.mapsSubPath }}
         - --ipcache.refresh-interval={{ .Values.ipcache.refreshInterval }}
+        - --kube.node-view={{ .Values.kube.nodeView }}
         {{- else if not $relay }}
         # No ipcache: every job pod of the cluster is watched to place remote addresses.
         - --kube.pod-view=cluster
