@@ -61,9 +61,11 @@ type Controller struct {
 	// None: the controller runs without webhooks and Probe is not used.
 	Webhooks []string
 	Probe    *Probe
-	// Env, when set, is added to the controller's environment (NAME=VALUE;
-	// e.g. TMPDIR, where a controller-runtime webhook server whose cert
-	// folder is not configurable reads its certificates).
+	// Env, when set, goes before the controller's path on env(1)'s command
+	// line: NAME=VALUE words for its environment (e.g. TMPDIR, where a
+	// controller-runtime webhook server whose cert folder is not
+	// configurable reads its certificates), then, if needed, a command
+	// that execs the rest (e.g. unshare).
 	Env func(e Endpoints) []string
 	// Ready, when set, replaces the wait for /readyz on HealthPort (a
 	// controller that serves no health probe on a port of the bed's
