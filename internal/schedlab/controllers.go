@@ -93,7 +93,10 @@ func mpiV2() *Shape {
 		mpi := ownerRef(apiVersion, "MPIJob", j.Name)
 		base := map[string]string{"training.kubeflow.org/operator-name": "mpi-operator", "training.kubeflow.org/job-name": j.Name}
 		launcher := j.Name + "-launcher"
-		lbl := map[string]string{"training.kubeflow.org/job-role": "launcher", "training.kubeflow.org/replica-index": "0",
+		// No replica-index on the launcher: mpi-operator v0.8.0 sets it
+		// ("0") only with runLauncherAsWorker (newLauncherPodTemplate),
+		// as TestRealMPIAndRay's MPI Operator showed.
+		lbl := map[string]string{"training.kubeflow.org/job-role": "launcher",
 			"batch.kubernetes.io/job-name": launcher, "job-name": launcher,
 			"batch.kubernetes.io/controller-uid": string(uid("Job", launcher)), "controller-uid": string(uid("Job", launcher))}
 		for k, v := range base {
@@ -103,6 +106,7 @@ func mpiV2() *Shape {
 		if err != nil {
 			return nil, nil, nil, err
 		}
+		p.Spec.Hostname, p.Spec.Subdomain = launcher, j.Name
 		coords = append(coords, p)
 		owners = append(owners, ownerObject("batch/v1", "Job", j.Namespace, launcher, mpi))
 		workers, err = replicas(j, j.Name+"-worker", intOf(Dig(specs, "Worker")["replicas"], 1), Dig(specs, "Worker", "template"), func(i int) map[string]string {
@@ -414,10 +418,14 @@ func volcano() *Shape {
 	return s
 }
 
-// rayJob: KubeRay v1.7.0 (rayjob_controller.go, common/pod.go labelPod): a
-// RayCluster "<rayjob>-<random>" owned by the RayJob; its head and worker
-// pods carry the cluster, node type, group and originated-from labels.
-// The submitter Job comes once the cluster is ready and is left out.
+// rayJob: KubeRay v1.6.0 (rayjob_controller.go, common/pod.go labelPod), as
+// internal/trainlab's TestRealMPIAndRay runs it: a RayCluster
+// "<rayjob>-<random>" owned by the RayJob; its head and worker pods carry
+// the cluster, node type and group labels, not the originated-from labels
+// (those are on the RayCluster and the submitter Job objects only; the
+// pods were written with them before the real controller ran), so the
+// RayJob is found through the owners. The submitter Job comes once the
+// cluster is ready; its pod has no Ray label and is left out.
 func rayJob() *Shape {
 	s := &Shape{Name: "RayJob", Kind: "RayJob"}
 	s.manifest = func(name string, sz Size) map[string]any {
@@ -442,7 +450,7 @@ func rayJob() *Shape {
 		cluster := j.Name + "-x7k2p"
 		owner := ownerRef("ray.io/v1", "RayCluster", cluster)
 		base := map[string]string{"ray.io/cluster": cluster, "ray.io/is-ray-node": "yes", "app.kubernetes.io/created-by": "kuberay-operator",
-			"ray.io/originated-from-crd": "RayJob", "ray.io/originated-from-cr-name": j.Name}
+			"app.kubernetes.io/name": "kuberay"}
 		mk := func(name, nodeType, group string, tmpl map[string]any) (*corev1.Pod, error) {
 			lbl := map[string]string{"ray.io/node-type": nodeType, "ray.io/group": group, "ray.io/identifier": cluster + "-" + nodeType}
 			for k, v := range base {

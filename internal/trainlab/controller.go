@@ -61,6 +61,16 @@ type Controller struct {
 	// None: the controller runs without webhooks and Probe is not used.
 	Webhooks []string
 	Probe    *Probe
+	// Env, when set, goes before the controller's path on env(1)'s command
+	// line: NAME=VALUE words for its environment (e.g. TMPDIR, where a
+	// controller-runtime webhook server whose cert folder is not
+	// configurable reads its certificates), then, if needed, a command
+	// that execs the rest (e.g. unshare).
+	Env func(e Endpoints) []string
+	// Ready, when set, replaces the wait for /readyz on HealthPort (a
+	// controller that serves no health probe on a port of the bed's
+	// choosing): it returns once the controller runs.
+	Ready func(ctx context.Context, b *Bed) error
 }
 
 // Running is a controller the bed started.
@@ -89,7 +99,13 @@ func (b *Bed) StartController(t testing.TB, c Controller) *Running {
 	e := Endpoints{Kubeconfig: b.API.Kubeconfig, Dir: dir, WebhookPort: testenv.FreePort(t),
 		CertDir: filepath.Join(dir, "webhook-certs"), HealthPort: testenv.FreePort(t)}
 	b.CA.WriteServing(t, e.CertDir)
-	testenv.Start(t, dir, c.Tool, filepath.Join(bin, c.Tool), c.Args(e)...)
+	args := c.Args(e)
+	if c.Env != nil {
+		// env(1) execs the controller: the process the bed stops is it.
+		testenv.Start(t, dir, c.Tool, "/usr/bin/env", append(append(c.Env(e), filepath.Join(bin, c.Tool)), args...)...)
+	} else {
+		testenv.Start(t, dir, c.Tool, filepath.Join(bin, c.Tool), args...)
+	}
 	r := &Running{Endpoints: e, Log: filepath.Join(dir, c.Tool+".log")}
 	fail := func(err error) {
 		t.Helper()
@@ -99,7 +115,13 @@ func (b *Bed) StartController(t testing.TB, c Controller) *Running {
 		}
 		t.Fatalf("%s: %v\n--- %s log (tail) ---\n%s", c.Tool, err, c.Tool, log)
 	}
-	if err := waitHTTP(ctx, "http://127.0.0.1:"+strconv.Itoa(e.HealthPort)+"/readyz"); err != nil {
+	ready := func(ctx context.Context, _ *Bed) error {
+		return waitHTTP(ctx, "http://127.0.0.1:"+strconv.Itoa(e.HealthPort)+"/readyz")
+	}
+	if c.Ready != nil {
+		ready = c.Ready
+	}
+	if err := ready(ctx, b); err != nil {
 		fail(err)
 	}
 	if len(c.Webhooks) == 0 {

@@ -45,7 +45,7 @@ func handWritten(ctx context.Context, v *viewer, kind string, desc func(*corev1.
 	}
 	m := j.Copy().Manifest
 	m["metadata"].(map[string]any)["namespace"] = ns
-	gvr := map[string]schema.GroupVersionResource{"Job": jobGVR, "JobSet": trainlab.JobSetGVR, "LeaderWorkerSet": trainlab.LWSGVR}[kind]
+	gvr := map[string]schema.GroupVersionResource{"Job": jobGVR, "JobSet": trainlab.JobSetGVR, "LeaderWorkerSet": trainlab.LWSGVR, "MPIJob": trainlab.MPIJobGVR}[kind]
 	v.create(ctx, gvr, m)
 	got := map[string]*corev1.Pod{}
 	v.until(ctx, func() (bool, string) {
