@@ -31,7 +31,8 @@ var kueueCases = []string{"room", "no zone fits", "zone fills", "preferred, no z
 // whole into one zone with room, coordinator with workers, or wait whole
 // (gated, none bound). A job asking podset-preferred-topology that Kueue
 // admits across zones is split, and analyze names the split Kueue's
-// choice.
+// choice; unless the advice also pinned every template to one zone (a job
+// of several pod sets of many pods): that job waits whole.
 //
 // What differs from a cluster: no training controller runs, so Kueue sees
 // the pods as a plain pod group (kueue.x-k8s.io/pod-group-name and
@@ -118,6 +119,7 @@ func runKueueCell(ctx context.Context, lab *kueuelab.Lab, cell string, shape *sc
 		return "", err
 	}
 	annotation := KueueTopologyAnnotation
+	pinned := strings.Contains(advice, "requiredDuringSchedulingIgnoredDuringExecution")
 	if strings.HasPrefix(capacity, "preferred") {
 		advice = strings.ReplaceAll(advice, KueueTopologyAnnotation, KueuePreferredTopologyAnnotation)
 		annotation = KueuePreferredTopologyAnnotation
@@ -191,6 +193,14 @@ func runKueueCell(ctx context.Context, lab *kueuelab.Lab, cell string, shape *sc
 		fmt.Fprintf(os.Stderr, "%s %s %s: %s admitted=%v %v\n%s\n", cell, shape.Name, capacity, o, admitted, p, kueuelab.Condition(wls[0], "QuotaReserved"))
 	}
 	switch {
+	case strings.HasPrefix(capacity, "preferred") && pinned:
+		// The advice pins every template to one zone by a required
+		// nodeAffinity (a job of several pod sets of many pods, which
+		// Kueue cannot group): a preferred topology cannot split it, and
+		// with no zone of room it waits whole.
+		if o != waitsWhole || admitted {
+			return string(o), fmt.Errorf("with a preferred zone, the advice's zone pin and no zone with room: %s (admitted %v), want waits whole, not admitted: %v", o, admitted, p)
+		}
 	case strings.HasPrefix(capacity, "preferred"):
 		if o != splitZones || !admitted {
 			return string(o), fmt.Errorf("with a preferred zone and no zone with room: %s (admitted %v), want split and admitted: %v", o, admitted, p)

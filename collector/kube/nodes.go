@@ -11,6 +11,7 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/zonewatch/zonewatch/topology"
@@ -36,6 +37,7 @@ func PeerNodes(refresh time.Duration) LocalOption {
 			refresh = 30 * time.Minute
 		}
 		l.peers = newPeerNodes(l.client, l.index, l.logger, refresh)
+		l.peers.denied = l.denied
 	}
 }
 
@@ -67,6 +69,10 @@ type peerNodes struct {
 	queue  []netip.Addr
 	// settled is closed, and replaced, whenever no node is left to read.
 	settled chan struct{}
+
+	// denied logs a read the ClusterRole refuses as the informers' are
+	// (once, at error level, with the rule to add); nil: a warning.
+	denied *Denials
 
 	// Reads counts the LISTs by name, AddrReads those by address,
 	// Unresolved the addresses no host-network pod had.
@@ -227,7 +233,9 @@ func (p *peerNodes) read(ctx context.Context, name string) error {
 	p.Reads.Add(1)
 	list, err := p.client.CoreV1().Nodes().List(ctx, metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("metadata.name", name).String()})
 	if err != nil {
-		p.logger.Warn("reading a node", "node", name, "err", err)
+		if p.denied == nil || !p.denied.Note(schema.GroupResource{Resource: "nodes"}, err) {
+			p.logger.Warn("reading a node", "node", name, "err", err)
+		}
 		return err
 	}
 	p.mu.Lock()
