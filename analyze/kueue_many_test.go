@@ -2,10 +2,8 @@ package analyze
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -218,28 +216,7 @@ func analyzeCellDump(ctx context.Context, lab *schedlab.Lab, cell, ns string, j 
 	for _, o := range owners {
 		podItems = append(podItems, o)
 	}
-	dir, err := os.MkdirTemp("", "kueuelab-analyze")
-	if err != nil {
-		return "", err
-	}
-	defer os.RemoveAll(dir)
-	write := func(name string, items []any) (string, error) {
-		b, err := json.Marshal(map[string]any{"apiVersion": "v1", "kind": "List", "items": items})
-		if err != nil {
-			return "", err
-		}
-		path := filepath.Join(dir, name)
-		return path, os.WriteFile(path, b, 0o644)
-	}
-	np, err := write("nodes.json", nodeItems)
-	if err != nil {
-		return "", err
-	}
-	pp, err := write("pods.json", podItems)
-	if err != nil {
-		return "", err
-	}
-	rep, err := Run(Input{Nodes: np, Pods: pp, PodGroups: PodGroupsOff})
+	rep, err := analyzeItems(nodeItems, podItems, PodGroupsOff)
 	if err != nil {
 		return "", err
 	}

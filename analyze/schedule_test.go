@@ -433,32 +433,11 @@ func analyzeFixOf(ctx context.Context, lab *schedlab.Lab, cell, ns string, j *sc
 	for _, o := range owners {
 		podItems = append(podItems, o)
 	}
-	dir, err := os.MkdirTemp("", "schedlab-analyze")
-	if err != nil {
-		return "", err
-	}
-	defer os.RemoveAll(dir)
-	write := func(name string, items []any) (string, error) {
-		b, err := json.Marshal(map[string]any{"apiVersion": "v1", "kind": "List", "items": items})
-		if err != nil {
-			return "", err
-		}
-		path := filepath.Join(dir, name)
-		return path, os.WriteFile(path, b, 0o644)
-	}
-	np, err := write("nodes.json", nodeItems)
-	if err != nil {
-		return "", err
-	}
-	pp, err := write("pods.json", podItems)
-	if err != nil {
-		return "", err
-	}
-	in := Input{Nodes: np, Pods: pp, PodGroups: PodGroupsOff}
+	pg := PodGroupsOff
 	if len(podGroups) > 0 {
-		in.PodGroups = podGroups[0]
+		pg = podGroups[0]
 	}
-	rep, err := Run(in)
+	rep, err := analyzeItems(nodeItems, podItems, pg)
 	if err != nil {
 		return "", err
 	}
@@ -471,6 +450,33 @@ func analyzeFixOf(ctx context.Context, lab *schedlab.Lab, cell, ns string, j *sc
 		}
 	}
 	return "", fmt.Errorf("analyze reports no job in %s: %+v", ns, rep.Jobs)
+}
+
+// analyzeItems runs analyze on nodes and pods listed from the bed, as a
+// user runs it on kubectl's lists (written to files of their own).
+func analyzeItems(nodeItems, podItems []any, pg PodGroups) (*Report, error) {
+	dir, err := os.MkdirTemp("", "schedlab-analyze")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	write := func(name string, items []any) (string, error) {
+		b, err := json.Marshal(map[string]any{"apiVersion": "v1", "kind": "List", "items": items})
+		if err != nil {
+			return "", err
+		}
+		path := filepath.Join(dir, name)
+		return path, os.WriteFile(path, b, 0o644)
+	}
+	np, err := write("nodes.json", nodeItems)
+	if err != nil {
+		return nil, err
+	}
+	pp, err := write("pods.json", podItems)
+	if err != nil {
+		return nil, err
+	}
+	return Run(Input{Nodes: np, Pods: pp, PodGroups: pg})
 }
 
 // noRoomCell: one GPU node per zone, a job of 16 GPUs: no zone can hold

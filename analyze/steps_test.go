@@ -120,31 +120,35 @@ func gangOf(t *testing.T, fix string) (int, []string) {
 		t.Fatal(err)
 	}
 	var labelled []string
-	var walk func(path string, v any)
-	walk = func(path string, v any) {
-		switch x := v.(type) {
-		case map[string]any:
-			if l, ok := x["labels"].(map[string]any); ok && l[PodGroupLabel] != nil {
-				labelled = append(labelled, path)
-			}
-			for k, v := range x {
-				walk(path+"."+k, v)
-			}
-		case []any:
-			for _, v := range x {
-				name := ""
-				if m, ok := v.(map[string]any); ok {
-					name, _ = m["name"].(string)
-					if name == "" {
-						name, _ = m["groupName"].(string)
-					}
+	walkPatch("", patch, func(path string, x map[string]any) {
+		if l, ok := x["labels"].(map[string]any); ok && l[PodGroupLabel] != nil {
+			labelled = append(labelled, path)
+		}
+	})
+	return pg.Spec.SchedulingPolicy.Gang.MinCount, labelled
+}
+
+// walkPatch calls visit with every object under v and its path: map keys
+// joined by dots, a list item by its name (or groupName) in brackets.
+func walkPatch(path string, v any, visit func(path string, m map[string]any)) {
+	switch x := v.(type) {
+	case map[string]any:
+		visit(path, x)
+		for k, v := range x {
+			walkPatch(path+"."+k, v, visit)
+		}
+	case []any:
+		for _, v := range x {
+			name := ""
+			if m, ok := v.(map[string]any); ok {
+				name, _ = m["name"].(string)
+				if name == "" {
+					name, _ = m["groupName"].(string)
 				}
-				walk(path+"["+name+"]", v)
 			}
+			walkPatch(path+"["+name+"]", v, visit)
 		}
 	}
-	walk("", patch)
-	return pg.Spec.SchedulingPolicy.Gang.MinCount, labelled
 }
 
 func hasPath(paths []string, part string) bool {
@@ -363,33 +367,14 @@ func TestKueueManyPodSets(t *testing.T) {
 			t.Fatal(err)
 		}
 		pinned := map[string]bool{}
-		var walk func(path string, v any)
-		walk = func(path string, v any) {
-			switch x := v.(type) {
-			case map[string]any:
-				if spec, ok := x["spec"].(map[string]any); ok {
-					if md, ok := x["metadata"].(map[string]any); ok && dig(md, "annotations")[KueueTopologyAnnotation] == kube.LabelZone {
-						b, _ := json.Marshal(spec["affinity"])
-						pinned[path] = strings.Contains(string(b), `"values":["us-east-1a"]`)
-					}
-				}
-				for k, v := range x {
-					walk(path+"."+k, v)
-				}
-			case []any:
-				for _, v := range x {
-					name := ""
-					if m, ok := v.(map[string]any); ok {
-						name, _ = m["name"].(string)
-						if name == "" {
-							name, _ = m["groupName"].(string)
-						}
-					}
-					walk(path+"["+name+"]", v)
+		walkPatch("", patch, func(path string, x map[string]any) {
+			if spec, ok := x["spec"].(map[string]any); ok {
+				if md, ok := x["metadata"].(map[string]any); ok && dig(md, "annotations")[KueueTopologyAnnotation] == kube.LabelZone {
+					b, _ := json.Marshal(spec["affinity"])
+					pinned[path] = strings.Contains(string(b), `"values":["us-east-1a"]`)
 				}
 			}
-		}
-		walk("", patch)
+		})
 		for _, want := range c.templates {
 			found := false
 			for path, pin := range pinned {

@@ -36,6 +36,21 @@ func TestMerge(t *testing.T) {
 // exporter's owner informers do.
 type owners map[string]topology.OwnerRef
 
+// ownersOf maps each intermediate object a shape returns to its owner; a
+// top owner (a JobSet) has none and is left out.
+func ownersOf(objs []map[string]any) owners {
+	own := owners{}
+	for _, o := range objs {
+		m := o["metadata"].(map[string]any)
+		if m["ownerReferences"] == nil {
+			continue
+		}
+		ref := m["ownerReferences"].([]any)[0].(metav1.OwnerReference)
+		own[o["kind"].(string)+"/"+m["name"].(string)] = topology.OwnerRef{APIVersion: ref.APIVersion, Kind: ref.Kind, Name: ref.Name}
+	}
+	return own
+}
+
 func (o owners) ControllerOf(_ string, ref topology.OwnerRef) (topology.OwnerRef, bool) {
 	r, ok := o[ref.Kind+"/"+ref.Name]
 	return r, ok
@@ -52,15 +67,7 @@ func TestShapesIdentity(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: %v", s.Name, err)
 		}
-		own := owners{}
-		for _, o := range objs {
-			m := o["metadata"].(map[string]any)
-			if m["ownerReferences"] == nil {
-				continue // a top owner (a JobSet)
-			}
-			ref := m["ownerReferences"].([]any)[0].(metav1.OwnerReference)
-			own[o["kind"].(string)+"/"+m["name"].(string)] = topology.OwnerRef{APIVersion: ref.APIVersion, Kind: ref.Kind, Name: ref.Name}
-		}
+		own := ownersOf(objs)
 		name := "train"
 		if s.Kind == "LeaderWorkerSet" {
 			name = "train-0"
@@ -100,15 +107,7 @@ func TestStepShapesIdentity(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: %v", s.Name, err)
 		}
-		own := owners{}
-		for _, o := range objs {
-			m := o["metadata"].(map[string]any)
-			if m["ownerReferences"] == nil {
-				continue
-			}
-			ref := m["ownerReferences"].([]any)[0].(metav1.OwnerReference)
-			own[o["kind"].(string)+"/"+m["name"].(string)] = topology.OwnerRef{APIVersion: ref.APIVersion, Kind: ref.Kind, Name: ref.Name}
-		}
+		own := ownersOf(objs)
 		steps, err := s.Steps(j)
 		if err != nil {
 			t.Fatalf("%s: %v", s.Name, err)

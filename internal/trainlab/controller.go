@@ -241,3 +241,32 @@ func Unstructured(obj map[string]any) (*unstructured.Unstructured, error) {
 	}
 	return u, nil
 }
+
+// writeConfig writes a controller's configuration file into its folder
+// and returns the path.
+func writeConfig(t testing.TB, e Endpoints, name, cfg string) string {
+	t.Helper()
+	path := filepath.Join(e.Dir, name)
+	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// sigsArgs is the command line of the kubernetes-sigs controllers (JobSet,
+// LeaderWorkerSet): one Configuration of the same fields in their own API
+// group (config.<group>/v1alpha1): webhooks on the bed's port with its
+// certificates, health on loopback, leader election and internal
+// certificate management off.
+func sigsArgs(t testing.TB, e Endpoints, group string) []string {
+	cfg := fmt.Sprintf(`apiVersion: config.%s/v1alpha1
+kind: Configuration
+webhook: {host: 127.0.0.1, port: %d, certDir: %q}
+health: {healthProbeBindAddress: "127.0.0.1:%d"}
+leaderElection: {leaderElect: false}
+internalCertManagement: {enable: false}
+`, group, e.WebhookPort, e.CertDir, e.HealthPort)
+	path := writeConfig(t, e, group+"-config.yaml", cfg)
+	return []string{"--config", path, "--kubeconfig", e.Kubeconfig, "--leader-elect=false",
+		"--metrics-bind-address", "0", "--zap-log-level", "2"}
+}

@@ -1,9 +1,6 @@
 package trainlab
 
 import (
-	"fmt"
-	"os"
-	"path/filepath"
 	"testing"
 
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -21,21 +18,7 @@ func (b *Bed) StartLWS(t testing.TB) *Running {
 	t.Helper()
 	return b.StartController(t, Controller{
 		Tool: "lws",
-		Args: func(e Endpoints) []string {
-			cfg := fmt.Sprintf(`apiVersion: config.lws.x-k8s.io/v1alpha1
-kind: Configuration
-webhook: {host: 127.0.0.1, port: %d, certDir: %q}
-health: {healthProbeBindAddress: "127.0.0.1:%d"}
-leaderElection: {leaderElect: false}
-internalCertManagement: {enable: false}
-`, e.WebhookPort, e.CertDir, e.HealthPort)
-			path := filepath.Join(e.Dir, "lws-config.yaml")
-			if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
-				t.Fatal(err)
-			}
-			return []string{"--config", path, "--kubeconfig", e.Kubeconfig, "--leader-elect=false",
-				"--metrics-bind-address", "0", "--zap-log-level", "2"}
-		},
+		Args: func(e Endpoints) []string { return sigsArgs(t, e, "lws.x-k8s.io") },
 		Webhooks: []string{"/mutate-leaderworkerset-x-k8s-io-v1-leaderworkerset", "/validate-leaderworkerset-x-k8s-io-v1-leaderworkerset",
 			"/mutate--v1-pod", "/validate--v1-pod"},
 		// leaderworkerset_webhook.go generalValidate: the subgroup

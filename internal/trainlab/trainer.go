@@ -2,7 +2,6 @@ package trainlab
 
 import (
 	"fmt"
-	"os"
 	"path/filepath"
 	"testing"
 
@@ -28,7 +27,6 @@ func (b *Bed) StartTrainer(t testing.TB) *Running {
 	return b.StartController(t, Controller{
 		Tool: "trainer-controller-manager",
 		Args: func(e Endpoints) []string {
-
 			b.CA.WriteServing(t, filepath.Join(e.Dir, "tmp", "k8s-webhook-server", "serving-certs"))
 			cfg := fmt.Sprintf(`apiVersion: config.trainer.kubeflow.org/v1alpha1
 kind: Configuration
@@ -38,10 +36,7 @@ metrics: {bindAddress: "0"}
 leaderElection: {leaderElect: false}
 certManagement: {enable: false}
 `, e.WebhookPort, e.HealthPort)
-			path := filepath.Join(e.Dir, "trainer-config.yaml")
-			if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
-				t.Fatal(err)
-			}
+			path := writeConfig(t, e, "trainer-config.yaml", cfg)
 			return []string{"--config", path, "--kubeconfig", e.Kubeconfig, "--zap-log-level", "2"}
 		},
 		Env: func(e Endpoints) []string { return []string{"TMPDIR=" + filepath.Join(e.Dir, "tmp")} },
