@@ -53,8 +53,13 @@ func (b *Bed) StartTrainingOperator(t testing.TB) *Running {
 	if _, err := b.Client.CoreV1().Secrets("kubeflow").Create(ctx, sec, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		t.Fatal(err)
 	}
-	if err := os.MkdirAll(trainingOperatorCertDir, 0o755); err != nil {
-		t.Fatal(err)
+	if _, err := os.Stat(trainingOperatorCertDir); os.IsNotExist(err) {
+		if err := os.MkdirAll(trainingOperatorCertDir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		// The mount point this test made goes after the controller (the
+		// cleanups run last first); only while empty.
+		t.Cleanup(func() { os.Remove(trainingOperatorCertDir) })
 	}
 	return b.StartController(t, Controller{
 		Tool: "training-operator",
