@@ -100,7 +100,7 @@ bench:
 
 ## e2e: only the end-to-end tests (real kube-apiserver, Prometheus, Alertmanager), verbose
 e2e: tools
-	set -o pipefail; ZONEWATCH_TOOLS_BIN=$(TOOLS_BIN) ZONEWATCH_REQUIRE_TOOLS=1 $(GO) test -json -count=1 -v -timeout 30m ./e2e/ | $(TESTTIME) -v -tier e2e
+	set -o pipefail; ZONEWATCH_TOOLS_BIN=$(TOOLS_BIN) ZONEWATCH_REQUIRE_TOOLS=1 $(GO) test -json -count=1 -v -parallel 32 -timeout 30m ./e2e/ | $(TESTTIME) -v -tier e2e
 
 ## demo: the seed's before/after on real Cilium agents (as root): a job split across zones and blocked by the zone fence pages, the fix resolves the page; the lab, exporters, Prometheus and Alertmanager stay up until Ctrl-C
 demo: tools

@@ -43,6 +43,7 @@ func TestCiliumLabAllowListFence(t *testing.T) {
 	if testing.Short() {
 		t.Skip("end-to-end: starts four Cilium agents")
 	}
+	inLane(t)
 	began := time.Now()
 	lab, api, _ := startCiliumLab(t, false)
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)

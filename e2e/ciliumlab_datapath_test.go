@@ -77,6 +77,7 @@ func TestDatapathReadOnly(t *testing.T) {
 	if testing.Short() {
 		t.Skip("end-to-end: starts a Cilium agent")
 	}
+	inLane(t)
 	testenv.CanStartAs(t)
 	chart := testenv.ChartSecurityContext(t)
 	if chart.UID != 0 || len(chart.Caps) != 1 || !strings.EqualFold(chart.Caps[0], "BPF") || !chart.NoNewPrivs {

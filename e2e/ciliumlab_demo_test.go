@@ -23,6 +23,7 @@ func TestCiliumLabDemo(t *testing.T) {
 	if os.Getenv("ZONEWATCH_DEMO") == "" {
 		t.Skip("the demo runs only from `make demo` (ZONEWATCH_DEMO=1): it waits for Ctrl-C")
 	}
+	inLane(t)
 	step := func(format string, args ...any) { t.Helper(); t.Logf("==> "+format, args...) }
 	interrupted, stopSignals := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stopSignals()

@@ -339,6 +339,7 @@ func TestCiliumLabOwnTraffic(t *testing.T) {
 	if testing.Short() {
 		t.Skip("end-to-end: starts four Cilium agents")
 	}
+	inLane(t)
 	began := time.Now()
 	lab, api, _ := startCiliumLab(t, false)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)

@@ -107,6 +107,7 @@ func TestCiliumLabFenceKinds(t *testing.T) {
 	if testing.Short() {
 		t.Skip("end-to-end: starts four Cilium agents")
 	}
+	inLane(t)
 	began := time.Now()
 	lab, api, _ := startCiliumLab(t, false)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)

@@ -38,6 +38,7 @@ func TestCiliumLabHubbleWithoutAgentSocket(t *testing.T) {
 	if testing.Short() {
 		t.Skip("end-to-end: starts two Cilium agents")
 	}
+	inLane(t)
 	lab, api, _ := startCiliumLabWith(t, ciliumlab.Config{Nodes: []ciliumlab.NodeSpec{labNodes[0], labNodes[2]},
 		HubbleTLS: true, HubbleSocketDir: hubbleOwnDir})
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)

@@ -57,6 +57,7 @@ func TestCiliumLabServices(t *testing.T) {
 	if testing.Short() {
 		t.Skip("end-to-end: starts three labs of three Cilium agents")
 	}
+	inLane(t)
 	began := time.Now()
 	for _, path := range servicePaths {
 		t.Run(path.name, func(t *testing.T) {

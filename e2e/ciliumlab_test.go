@@ -811,6 +811,7 @@ func TestCiliumLab(t *testing.T) {
 	if testing.Short() {
 		t.Skip("end-to-end: starts four Cilium agents")
 	}
+	inLane(t)
 	began := time.Now()
 	lab, api, tools := startCiliumLab(t, true)
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)

@@ -25,6 +25,7 @@ func TestCiliumLabV118(t *testing.T) {
 	if testing.Short() {
 		t.Skip("end-to-end: starts four Cilium agents")
 	}
+	inLane(t)
 	lab, api, _ := startCiliumLabWith(t, ciliumlab.Config{Nodes: labNodes, Cilium: "cilium-1.18"})
 	if !strings.HasPrefix(lab.Version, "1.18.") {
 		t.Fatalf("the lab runs Cilium %q, want 1.18", lab.Version)

@@ -32,6 +32,7 @@ func TestBlockedWithoutGPUTelemetry(t *testing.T) {
 	if testing.Short() {
 		t.Skip("end-to-end: starts etcd, kube-apiserver, Prometheus, Alertmanager and two exporters")
 	}
+	inLane(t)
 	tools := testenv.ToolsBin(t, "etcd", "kube-apiserver", "prometheus", "alertmanager")
 	began := time.Now()
 	bin := exporterBinary(t)

@@ -99,6 +99,7 @@ func TestEndToEnd(t *testing.T) {
 	if testing.Short() {
 		t.Skip("end-to-end: starts etcd, kube-apiserver, Prometheus, Alertmanager and six exporters")
 	}
+	t.Parallel() // beside the lane (stack_test.go)
 	tools := testenv.ToolsBin(t, "etcd", "kube-apiserver", "prometheus", "alertmanager", "helm", "prometheus-operator")
 	began := time.Now()
 	bin := exporterBinary(t)

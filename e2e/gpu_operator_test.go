@@ -34,6 +34,7 @@ func TestGPUOperatorDefaults(t *testing.T) {
 	if testing.Short() {
 		t.Skip("end-to-end: starts etcd, kube-apiserver, Prometheus, Alertmanager and two exporters")
 	}
+	inLane(t)
 	tools := testenv.ToolsBin(t, "etcd", "kube-apiserver", "prometheus", "alertmanager")
 	bin := exporterBinary(t)
 	dir := t.TempDir()

@@ -37,6 +37,25 @@ var (
 	buildErr    error
 )
 
+// lane holds the heavy end-to-end tests (the Cilium labs, and the stacks of
+// their own) to one at a time, while TestEndToEnd runs beside them: most of
+// its five and a half minutes is the wait for the cost rules' 5m rate
+// window to fill, with its processes near idle (a 2-core CI runner spent
+// those minutes doing nothing else). The Makefile's e2e target gives go
+// test a -parallel above the number of tests, so that every parallel test
+// starts at once and only the lane orders them; with go test's default
+// (GOMAXPROCS) they still run, with less overlap.
+var lane = make(chan struct{}, 1)
+
+// inLane makes t a parallel test that runs only while it holds the lane; it
+// gives the lane back after t's own cleanups (a lab's teardown) ran.
+func inLane(t *testing.T) {
+	t.Helper()
+	t.Parallel()
+	lane <- struct{}{}
+	t.Cleanup(func() { <-lane })
+}
+
 func TestMain(m *testing.M) {
 	code := m.Run()
 	if buildDir != "" {
