@@ -133,9 +133,8 @@ func Start(t *testing.T, tools, kubeconfig, namespace string) (log string) {
 	if !strings.Contains(string(out), "version "+strings.TrimPrefix(Version, "v")) {
 		t.Fatalf("%s is not operator %s (hack/tools.sh builds the pinned version):\n%s", bin, Version, out)
 	}
-	t.Setenv("KUBECONFIG", kubeconfig)
 	dir := t.TempDir()
-	testenv.Start(t, dir, "prometheus-operator", bin,
+	testenv.StartEnv(t, dir, "prometheus-operator", bin, []string{"KUBECONFIG=" + kubeconfig},
 		"--web.listen-address=127.0.0.1:"+strconv.Itoa(testenv.FreePort(t)),
 		"--namespaces="+namespace,
 		"--log-level=debug",

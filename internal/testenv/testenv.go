@@ -106,11 +106,21 @@ func FreePort(t testing.TB) int {
 // dir/name.log, and kills its process group at cleanup.
 func Start(t testing.TB, dir, name, bin string, args ...string) *exec.Cmd {
 	t.Helper()
+	return StartEnv(t, dir, name, bin, nil, args...)
+}
+
+// StartEnv is Start with env ("KEY=value") added to the test's environment
+// for the command alone: a parallel test may not change its own (t.Setenv).
+func StartEnv(t testing.TB, dir, name, bin string, env []string, args ...string) *exec.Cmd {
+	t.Helper()
 	logf, err := os.Create(filepath.Join(dir, name+".log"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	cmd := exec.Command(bin, args...)
+	if len(env) > 0 {
+		cmd.Env = append(os.Environ(), env...)
+	}
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
