@@ -499,42 +499,49 @@ tool actionlint actionlint "$ACTIONLINT_VERSION" "actionlint_recipe goinstall" -
 tool cyclonedx cyclonedx-gomod "$CYCLONEDX_GOMOD_VERSION" "cyclonedx_recipe goinstall" -- "minutes"
 tool crane crane "$CRANE_VERSION" "crane_recipe goinstall" -- "minutes"
 
-# Then the Go builds in two lanes at once. One cold go build keeps 2 cores
-# busy only about three quarters of the time (module downloads, the
-# single-threaded links of 100-200 MB binaries): a cold run took 55m53s
-# wall for 85 CPU-minutes in one lane. The go caches take concurrent
-# builds; each lane's first failure ends it, and the script fails after
-# both lanes are done.
-lane1() {
-  if [ "$mode" != linters ]; then
-    ensure kube
-    ensure cilium
-    ensure prometheus
-    ensure helm
-  fi
-  ensure actionlint
+# Then the Go builds, two at once. One cold go build keeps 2 cores busy
+# only about three quarters of the time (module downloads, the
+# single-threaded links of 100-200 MB binaries, one huge package compiling
+# alone): a cold run took 55m53s wall for 85 CPU-minutes one build at a
+# time. Two workers take the builds from one queue, the longest first, so
+# that neither waits on a fixed half and the last build to run alone is a
+# short one (the order is each build's cold CPU, longest first; the log's
+# "built ... CPU" lines measure it). The go caches take concurrent builds;
+# a worker's first failure ends it, and the script fails after both are
+# done. schema is the dashboard schema check's npm install.
+case $mode in
+  linters) queue=(staticcheck actionlint) ;;
+  *) queue=(kube cilium118 cilium controllers prometheus helm alertmanager staticcheck schema actionlint) ;;
+esac
+if [ "$mode" = release ]; then queue+=(cyclonedx crane); fi
+qfile=$(mktemp) && echo 0 >"$qfile"
+# next_build prints the next build in the queue (none when it is empty).
+next_build() {
+  local fd i
+  exec {fd}>>"$qfile.lock"
+  flock "$fd"
+  i=$(<"$qfile")
+  echo $((i + 1)) >"$qfile"
+  exec {fd}>&-
+  if [ "$i" -lt "${#queue[@]}" ]; then echo "${queue[$i]}"; fi
 }
-lane2() {
-  if [ "$mode" != linters ]; then
-    ensure controllers
-    ensure cilium118
-    ensure alertmanager
-  fi
-  ensure staticcheck
-  if [ "$mode" = release ]; then
-    ensure cyclonedx
-    ensure crane
-  fi
-  if [ "$mode" != linters ]; then
-    ZONEWATCH_TOOLS=$tools bash "$root/hack/schema-check/check.sh" --install >&2
-  fi
+worker() {
+  local b
+  while b=$(next_build) && [ -n "$b" ]; do
+    if [ "$b" = schema ]; then
+      ZONEWATCH_TOOLS=$tools bash "$root/hack/schema-check/check.sh" --install >&2
+    else
+      ensure "$b"
+    fi
+  done
 }
-( set -e; lane1 ) & lane1_pid=$!
-( set -e; lane2 ) & lane2_pid=$!
+( set -e; worker ) & w1=$!
+( set -e; worker ) & w2=$!
 failed=
-wait "$lane1_pid" || failed="$failed 1"
-wait "$lane2_pid" || failed="$failed 2"
-if [ -n "$failed" ]; then log "build lane(s)$failed failed (above)"; exit 1; fi
+wait "$w1" || failed="$failed 1"
+wait "$w2" || failed="$failed 2"
+rm -f "$qfile" "$qfile.lock"
+if [ -n "$failed" ]; then log "build worker(s)$failed failed (above)"; exit 1; fi
 
 # One flat bin/ of links so tests and scripts need a single path.
 mkdir -p "$bin"
