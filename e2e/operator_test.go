@@ -50,7 +50,8 @@ const (
 // Each exporter process listens on a loopback address of its own and one
 // shared port: its pod object in the apiserver has that address as its IP
 // and the chart's DaemonSet port, so Prometheus' pod discovery finds it
-// where it listens.
+// where it listens. Addresses are per test and node: tests that run at the
+// same time (TestEndToEnd beside the lane) simulate nodes of the same names.
 var exporterAddrs = struct {
 	sync.Mutex
 	port   int
@@ -58,16 +59,18 @@ var exporterAddrs = struct {
 	count  int
 }{byNode: map[string]string{}}
 
-// exporterAddr is node's exporter listen address, 127.0.0.<10+n>:<port>.
+// exporterAddr is the listen address of node's exporter in t's top-level
+// test, 127.0.0.<10+n>:<port>.
 func exporterAddr(t *testing.T, node string) string {
 	t.Helper()
+	key := strings.SplitN(t.Name(), "/", 2)[0] + "/" + node
 	a := &exporterAddrs
 	a.Lock()
 	defer a.Unlock()
-	if addr, ok := a.byNode[node]; ok {
+	if addr, ok := a.byNode[key]; ok {
 		return addr
 	}
-	const maxNodes = 64
+	const maxNodes = 200
 	if a.count == maxNodes {
 		t.Fatalf("more than %d exporters", maxNodes)
 	}
@@ -84,7 +87,7 @@ func exporterAddr(t *testing.T, node string) string {
 	ip := "127.0.0." + strconv.Itoa(10+a.count)
 	a.count++
 	addr := net.JoinHostPort(ip, strconv.Itoa(a.port))
-	a.byNode[node] = addr
+	a.byNode[key] = addr
 	return addr
 }
 

@@ -29,7 +29,7 @@ func probeArgs(t *testing.T, addr string) []string {
 	defer p.Unlock()
 	for p.port == 0 {
 		p.port = testenv.FreePort(t)
-		for i := range 64 {
+		for i := range 200 {
 			if !free("127.0.0."+strconv.Itoa(10+i), p.port) {
 				p.port = 0
 				break
