@@ -804,7 +804,8 @@ func runExporter(t *testing.T, id *testenv.Identity, bin, build, node, env strin
 // per-node view with the lean node view: --kube.pod-view=node,
 // --kube.node-view=peers) or daemonset-allnodes (--kube.node-view=cluster);
 // each with the owner informers (metadata only), the Service and
-// EndpointSlice informers and the fence's policy and identity informers.
+// EndpointSlice informers and the fence's policy informers and, in relay
+// mode, its identity informer (the per-node view reads identities by name).
 // Clients speak protobuf as cmd/exporter's do (the metadata and dynamic
 // clients JSON); wrap (nil: none) sees every request.
 func startExporterSet(ctx context.Context, base *rest.Config, wrap func(http.RoundTripper) http.RoundTripper, index *topology.Index, mode, node string) (*kube.Live, error) {
@@ -842,7 +843,13 @@ func startExporterSet(ctx context.Context, base *rest.Config, wrap func(http.Rou
 	if err != nil {
 		return nil, err
 	}
-	fl, err := fence.NewLive(dyn, fence.NewSet(), 0, nil, logger)
+	var fopts []fence.Option
+	if mode != "relay" {
+		// The per-node view reads identities by name (cmd/exporter/fence.go):
+		// no identity informer, and no read without a flow naming one.
+		fopts = append(fopts, fence.OnDemandIdentities(fence.DefaultIdentityReads))
+	}
+	fl, err := fence.NewLive(dyn, fence.NewSet(), 0, nil, logger, fopts...)
 	if err != nil {
 		return nil, err
 	}
