@@ -62,8 +62,8 @@ type Metrics struct {
 func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
 		Skipped: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "zonewatch_fence_objects_skipped_total",
-		Help: "CiliumNetworkPolicy, CiliumClusterwideNetworkPolicy, CiliumIdentity and NetworkPolicy objects zonewatch could not read (resource=ciliumnetworkpolicies|ciliumclusterwidenetworkpolicies|ciliumidentities|networkpolicies); they name no fence."},
-		[]string{"resource"}),
+			Help: "CiliumNetworkPolicy, CiliumClusterwideNetworkPolicy, CiliumIdentity and NetworkPolicy objects zonewatch could not read (resource=ciliumnetworkpolicies|ciliumclusterwidenetworkpolicies|ciliumidentities|networkpolicies); they name no fence."},
+			[]string{"resource"}),
 		IdentityReads: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "zonewatch_fence_identity_reads_total",
 			Help: "CiliumIdentity reads by name of the per-node view (DaemonSet, --kube.pod-view=node), by result: found, not_found (kept as absent for a minute), unreadable (kept as absent), failed (asked again after 10 s), dropped (the read queue was full: asked again by the next use). The cluster-wide view lists every identity instead."},
 			[]string{"result"}),
