@@ -32,6 +32,10 @@ var (
 	// chart's ClusterRole grants exactly these; deploy's tests check it);
 	// with OnDemandIdentities, identities are read by name (get) instead.
 	ReadResources = []schema.GroupVersionResource{CNPResource, CCNPResource, IdentityResource, NetpolResource}
+	// GetResources are what the fence reads by name too: the per-node
+	// view's identities (OnDemandIdentities); the ClusterRole grants get
+	// on these alone.
+	GetResources = []schema.GroupVersionResource{IdentityResource}
 )
 
 // cached is what an informer keeps of one object: its parsed policy or
