@@ -225,3 +225,49 @@ func TestIdentityReadsBounded(t *testing.T) {
 		}
 	})
 }
+
+// TestNameWhileReadPending: a drop naming an identity whose read is under
+// way asks nothing more and allocates nothing (a SYN flood of a new peer
+// before its read is back), and is not memoized: once the read is back
+// (here: recorded as the reader records it) the next drop is named.
+func TestNameWhileReadPending(t *testing.T) {
+	s := benchSet(t)
+	m := NewMetrics(nil)
+	cfg := DefaultIdentityReads
+	cfg.Queue = 1
+	s.setReader(newIdentityReader(nil, s, cfg, m, slog.New(slog.DiscardHandler))) // not run: the read stays queued
+	if got := s.Name(false, 1001, 4242, ProtoTCP, 29500); got != "" {
+		t.Fatalf("named %q before the peer's identity is read", got)
+	}
+	if a := testing.AllocsPerRun(100, func() { s.Name(false, 1001, 4242, ProtoTCP, 29500) }); a != 0 {
+		t.Errorf("a drop whose read is pending allocates %v times", a)
+	}
+	if n := len(s.reader.queue); n != 1 {
+		t.Errorf("%d reads queued for one identity, want 1", n)
+	}
+	if v := testutil.ToFloat64(m.IdentityReads.WithLabelValues(ReadDropped)); v != 0 {
+		t.Errorf("dropped %g: a pending read was asked again", v)
+	}
+	// What read() does with a found identity.
+	s.reader.mu.Lock()
+	e := s.reader.touchLocked(4242)
+	e.pending, e.labels, e.until = false, pod("ml-team", "zone", "a"), time.Now().Add(time.Hour)
+	s.reader.known++
+	s.reader.mu.Unlock()
+	s.changed()
+	if got := s.Name(false, 1001, 4242, ProtoTCP, 29500); got == "" {
+		t.Error("the drop is not named once the identity is read")
+	}
+}
+
+// BenchmarkNamePendingRead is a drop naming an identity whose read is
+// under way.
+func BenchmarkNamePendingRead(b *testing.B) {
+	s := benchSet(b)
+	s.setReader(newIdentityReader(nil, s, DefaultIdentityReads, NewMetrics(nil), slog.New(slog.DiscardHandler)))
+	s.Name(false, 1001, 4242, ProtoTCP, 29500)
+	b.ReportAllocs()
+	for b.Loop() {
+		s.Name(false, 1001, 4242, ProtoTCP, 29500)
+	}
+}
