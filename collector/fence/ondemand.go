@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -69,7 +70,7 @@ type identityReader struct {
 	cfg    IdentityReads
 	m      *Metrics
 	logger *slog.Logger
-	denied *kube.Denials
+	denied atomic.Bool // a denial was logged at error level
 	limit  flowcontrol.RateLimiter
 	now    func() time.Time
 
@@ -89,7 +90,6 @@ type idEntry struct {
 
 func newIdentityReader(client dynamic.Interface, set *Set, cfg IdentityReads, m *Metrics, logger *slog.Logger) *identityReader {
 	return &identityReader{client: client, set: set, cfg: cfg, m: m, logger: logger,
-		denied: kube.NewDenials("fence", logger),
 		limit:  flowcontrol.NewTokenBucketRateLimiter(cfg.QPS, cfg.Burst),
 		now:    time.Now, entries: map[uint32]*list.Element{}, lru: list.New(), queue: make(chan uint32, cfg.Queue)}
 }
@@ -204,7 +204,15 @@ func (r *identityReader) read(ctx context.Context, id uint32) {
 			return
 		}
 		result, wait = ReadFailed, r.cfg.Failed
-		if !r.denied.Note(IdentityResource.GroupResource(), err) {
+		level := slog.LevelDebug
+		if apierrors.IsForbidden(err) && r.denied.CompareAndSwap(false, true) {
+			level = slog.LevelError
+		}
+		if apierrors.IsForbidden(err) {
+			r.logger.Log(ctx, level, "permission denied: add the rule to zonewatch's ClusterRole (Helm chart: templates/clusterrole.yaml); remote jobs and default-deny drops are named again once granted",
+				"starved_source", "fence", "verb", "get", "resource", kube.ResourceName(IdentityResource.GroupResource()),
+				"rule", `{apiGroups: ["cilium.io"], resources: ["ciliumidentities"], verbs: ["get"]}`, "err", err)
+		} else {
 			r.logger.Debug("identity read failed: asked again later", "identity", id, "err", err)
 		}
 	default:

@@ -204,6 +204,39 @@ func TestIdentityReadsBounded(t *testing.T) {
 		}
 	})
 
+	t.Run("denied", func(t *testing.T) {
+		// A ServiceAccount no role is bound to: every read is refused.
+		sa := api.ServiceAccount(t, "monitoring", "no-rights")
+		var logs syncBuffer
+		g := &gets{n: map[string]int{}}
+		c := rest.CopyConfig(sa.Config)
+		c.WrapTransport = g.wrap
+		set, m := NewSet(), NewMetrics(nil)
+		l, err := NewLive(dynamic.NewForConfigOrDie(c), set, 0, m, slog.New(slog.NewTextHandler(&logs, nil)), OnDemandIdentities(long))
+		if err != nil {
+			t.Fatal(err)
+		}
+		go l.Run(ctx) // the policy informers are refused too, and retry
+		set.Labels(1007)
+		set.Labels(1008)
+		waitReads(t, ctx, m, 2)
+		if v := testutil.ToFloat64(m.IdentityReads.WithLabelValues(ReadFailed)); v != 2 {
+			t.Errorf("failed %g, want 2", v)
+		}
+		if _, _, ok := set.Labels(1007); ok {
+			t.Error("a refused identity is known")
+		}
+		var lines []string
+		for _, line := range strings.Split(logs.String(), "\n") {
+			if strings.Contains(line, "level=ERROR") && strings.Contains(line, `verbs: [\"get\"]`) && strings.Contains(line, "ciliumidentities") {
+				lines = append(lines, line)
+			}
+		}
+		if len(lines) != 1 {
+			t.Errorf("want one error line naming the get rule to add, got %d:\n%s", len(lines), logs.String())
+		}
+	})
+
 	t.Run("unreachable", func(t *testing.T) {
 		down := rest.CopyConfig(api.Config)
 		down.Host = "https://127.0.0.1:1"
@@ -270,4 +303,22 @@ func BenchmarkNamePendingRead(b *testing.B) {
 	for b.Loop() {
 		s.Name(false, 1001, 4242, ProtoTCP, 29500)
 	}
+}
+
+// syncBuffer is a log sink safe for the reader's workers.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
