@@ -90,8 +90,8 @@ type idEntry struct {
 
 func newIdentityReader(client dynamic.Interface, set *Set, cfg IdentityReads, m *Metrics, logger *slog.Logger) *identityReader {
 	return &identityReader{client: client, set: set, cfg: cfg, m: m, logger: logger,
-		limit:  flowcontrol.NewTokenBucketRateLimiter(cfg.QPS, cfg.Burst),
-		now:    time.Now, entries: map[uint32]*list.Element{}, lru: list.New(), queue: make(chan uint32, cfg.Queue)}
+		limit: flowcontrol.NewTokenBucketRateLimiter(cfg.QPS, cfg.Burst),
+		now:   time.Now, entries: map[uint32]*list.Element{}, lru: list.New(), queue: make(chan uint32, cfg.Queue)}
 }
 
 // cluster reports whether id is a cluster-scope identity, the only ones
