@@ -639,16 +639,26 @@ func readResources() map[string][]string {
 	return out
 }
 
+// getResources are what the exporter reads by name: group -> resources.
+func getResources() map[string][]string {
+	out := map[string][]string{}
+	for _, r := range fence.GetResources {
+		out[r.Group] = append(out[r.Group], r.Resource)
+	}
+	return out
+}
+
 // clusterRoleProblems lists what r grants beyond list and watch on
-// readResources, and what of that it lacks. No get: informers only list
-// and watch, and the apiserver's audit log of the exporter shows nothing
-// else (TestExporterRBACAudit).
+// readResources and get on getResources, and what of that it lacks. No
+// other get: informers only list and watch, the per-node view reads
+// identities by name, and the apiserver's audit log of the exporter shows
+// nothing else (TestExporterRBACAudit).
 func clusterRoleProblems(r *rbacv1.ClusterRole) []string {
 	var out []string
 	if r.AggregationRule != nil {
 		out = append(out, "aggregates other roles")
 	}
-	want := readResources()
+	want, gets := readResources(), getResources()
 	granted := map[string]bool{}
 	for _, rule := range r.Rules {
 		if len(rule.NonResourceURLs) > 0 {
@@ -664,8 +674,8 @@ func clusterRoleProblems(r *rbacv1.ClusterRole) []string {
 				out = append(out, fmt.Sprintf("grants resource %q in group %q (subresources and wildcards included), want only %v", res, group, want[group]))
 			}
 			for _, verb := range rule.Verbs {
-				if verb != "list" && verb != "watch" {
-					out = append(out, fmt.Sprintf("grants %q on %s, want list and watch only", verb, res))
+				if verb != "list" && verb != "watch" && (verb != "get" || !slices.Contains(gets[group], res)) {
+					out = append(out, fmt.Sprintf("grants %q on %s, want list and watch only (and get on %v)", verb, res, gets))
 				}
 				granted[group+"/"+res+"/"+verb] = true
 			}
@@ -677,6 +687,13 @@ func clusterRoleProblems(r *rbacv1.ClusterRole) []string {
 				if !granted[group+"/"+res+"/"+verb] {
 					out = append(out, fmt.Sprintf("lacks %s on %s in group %q: the informers need it", verb, res, group))
 				}
+			}
+		}
+	}
+	for group, resources := range gets {
+		for _, res := range resources {
+			if !granted[group+"/"+res+"/get"] {
+				out = append(out, fmt.Sprintf("lacks get on %s in group %q: the per-node view reads it by name", res, group))
 			}
 		}
 	}

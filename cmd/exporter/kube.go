@@ -111,8 +111,9 @@ func startKube(ctx context.Context, w *wiring, in *inputs, rules []topology.Rule
 }
 
 // fenceIdentities gives the per-node view the labels of security
-// identities, from the fence part's CiliumIdentity informer once it has
-// started (none before, none with --no-fence.enabled): a remote pod of a
+// identities, from the fence part's set once it has started (none before,
+// none with --no-fence.enabled), which reads an identity it does not know
+// by name (fence.OnDemandIdentities): a remote pod of a
 // job with no pod on this node is then named by its identity's job, so its
 // drops here count for that job as in the cluster-wide view.
 type fenceIdentities struct{ set atomic.Pointer[fence.Set] }

@@ -239,7 +239,7 @@ func BenchmarkNameHit(b *testing.B) {
 	}
 }
 
-func benchSet(b *testing.B) *Set {
+func benchSet(b testing.TB) *Set {
 	s := NewSet()
 	for i := range 50 {
 		p, err := Parse([]byte(`{"metadata":{"namespace":"ml-team","name":"p` + string(rune('a'+i%26)) + string(rune('a'+i/26)) + `"},

@@ -29,8 +29,13 @@ var (
 	IdentityResource = schema.GroupVersionResource{Group: "cilium.io", Version: "v2", Resource: "ciliumidentities"}
 	NetpolResource   = schema.GroupVersionResource{Group: "networking.k8s.io", Version: "v1", Resource: "networkpolicies"}
 	// ReadResources are what the fence's informers list and watch (the
-	// chart's ClusterRole grants exactly these; deploy's tests check it).
+	// chart's ClusterRole grants exactly these; deploy's tests check it);
+	// with OnDemandIdentities, identities are read by name (get) instead.
 	ReadResources = []schema.GroupVersionResource{CNPResource, CCNPResource, IdentityResource, NetpolResource}
+	// GetResources are what the fence reads by name too: the per-node
+	// view's identities (OnDemandIdentities); the ClusterRole grants get
+	// on these alone.
+	GetResources = []schema.GroupVersionResource{IdentityResource}
 )
 
 // cached is what an informer keeps of one object: its parsed policy or
@@ -51,18 +56,32 @@ func (c *cached) GetObjectMeta() metav1.Object {
 // Metrics count the objects the informers could not read.
 type Metrics struct {
 	Skipped *prometheus.CounterVec
+	// IdentityReads counts the per-node view's on-demand identity reads
+	// by result; IdentitiesCached is how many it holds (known or absent).
+	IdentityReads    *prometheus.CounterVec
+	IdentitiesCached prometheus.Gauge
 }
 
 // NewMetrics registers the fence metrics with reg (nil: unregistered).
 func NewMetrics(reg prometheus.Registerer) *Metrics {
-	m := &Metrics{Skipped: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "zonewatch_fence_objects_skipped_total",
-		Help: "CiliumNetworkPolicy, CiliumClusterwideNetworkPolicy, CiliumIdentity and NetworkPolicy objects zonewatch could not read (resource=ciliumnetworkpolicies|ciliumclusterwidenetworkpolicies|ciliumidentities|networkpolicies); they name no fence."},
-		[]string{"resource"})}
+	m := &Metrics{
+		Skipped: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "zonewatch_fence_objects_skipped_total",
+			Help: "CiliumNetworkPolicy, CiliumClusterwideNetworkPolicy, CiliumIdentity and NetworkPolicy objects zonewatch could not read (resource=ciliumnetworkpolicies|ciliumclusterwidenetworkpolicies|ciliumidentities|networkpolicies); they name no fence."},
+			[]string{"resource"}),
+		IdentityReads: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "zonewatch_fence_identity_reads_total",
+			Help: "CiliumIdentity reads by name of the per-node view (DaemonSet, --kube.pod-view=node), by result: found, not_found (kept as absent for a minute), unreadable (kept as absent), failed (asked again after 10 s), dropped (the read queue was full: asked again by the next use). The cluster-wide view lists every identity instead."},
+			[]string{"result"}),
+		IdentitiesCached: prometheus.NewGauge(prometheus.GaugeOpts{Name: "zonewatch_fence_identities_cached",
+			Help: "CiliumIdentities the per-node view holds from its reads by name, known or known absent (at most 8192, least recently used first out); 0 in the cluster-wide view."}),
+	}
 	for _, r := range ReadResources {
 		m.Skipped.WithLabelValues(r.Resource)
 	}
+	for _, r := range ReadResults {
+		m.IdentityReads.WithLabelValues(r)
+	}
 	if reg != nil {
-		reg.MustRegister(m.Skipped)
+		reg.MustRegister(m.Skipped, m.IdentityReads, m.IdentitiesCached)
 	}
 	return m
 }
@@ -70,23 +89,53 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 // Live feeds a Set from four small informers: CiliumNetworkPolicies and
 // Kubernetes NetworkPolicies of every namespace,
 // CiliumClusterwideNetworkPolicies and CiliumIdentities, each kept as its parsed form (a policy's selectors, an identity's
-// labels).
+// labels). With OnDemandIdentities the identities are read by name
+// instead, as drops and lookups name them.
 type Live struct {
 	set     *Set
 	factory dynamicinformer.DynamicSharedInformerFactory
 	synced  []cache.InformerSynced
 	m       *Metrics
 	logger  *slog.Logger
+	reader  *identityReader
 }
 
+// Option changes what Live reads.
+type Option func(*options)
+
+type options struct{ onDemand *IdentityReads }
+
+// OnDemandIdentities runs no CiliumIdentity informer: an identity is read
+// by name (GET ciliumidentities/<id>) when a drop or a lookup of the Set
+// names one it does not know, within cfg's bounds. The per-node view's:
+// its cost is its node's peers', not the cluster's.
+func OnDemandIdentities(cfg IdentityReads) Option {
+	return func(o *options) { o.onDemand = &cfg }
+}
+
+// readWorkers read identities at once (a slow apiserver's latency does not
+// stall the others).
+const readWorkers = 4
+
 // NewLive prepares the informers; Run starts them.
-func NewLive(client dynamic.Interface, set *Set, resync time.Duration, m *Metrics, logger *slog.Logger) (*Live, error) {
+func NewLive(client dynamic.Interface, set *Set, resync time.Duration, m *Metrics, logger *slog.Logger, opts ...Option) (*Live, error) {
 	if m == nil {
 		m = NewMetrics(nil)
 	}
+	var o options
+	for _, opt := range opts {
+		opt(&o)
+	}
 	l := &Live{set: set, factory: dynamicinformer.NewDynamicSharedInformerFactory(client, resync), m: m, logger: logger}
+	if o.onDemand != nil {
+		l.reader = newIdentityReader(client, set, *o.onDemand, m, logger)
+		set.setReader(l.reader)
+	}
 	denied := kube.NewDenials("fence", logger)
 	for _, gvr := range ReadResources {
+		if gvr == IdentityResource && l.reader != nil {
+			continue
+		}
 		inf := l.factory.ForResource(gvr).Informer()
 		if err := inf.SetTransform(l.transform(gvr)); err != nil {
 			return nil, fmt.Errorf("%s informer transform: %w", gvr.Resource, err)
@@ -131,8 +180,12 @@ func (l *Live) watchError(denied *kube.Denials, gvr schema.GroupVersionResource)
 	}
 }
 
-// Run starts the informers and returns once they have synced or ctx ends.
+// Run starts the informers (and the identity reads) and returns once they
+// have synced or ctx ends.
 func (l *Live) Run(ctx context.Context) bool {
+	if l.reader != nil {
+		go l.reader.run(ctx, readWorkers)
+	}
 	l.factory.Start(ctx.Done())
 	return cache.WaitForCacheSync(ctx.Done(), l.synced...)
 }

@@ -21,6 +21,9 @@ type Set struct {
 	ids      map[uint32]Labels
 	// names memoizes label values by drop; cleared on every change.
 	names map[nameKey]string
+	// reader (nil: none) reads identities not in ids by name
+	// (OnDemandIdentities); its lock is taken under mu.
+	reader *identityReader
 }
 
 type nameKey struct {
@@ -70,11 +73,42 @@ func (s *Set) DeleteIdentity(id uint32) {
 	s.mu.Unlock()
 }
 
+// setReader makes the set read the identities it does not hold.
+func (s *Set) setReader(r *identityReader) {
+	s.mu.Lock()
+	s.reader = r
+	s.mu.Unlock()
+}
+
+// changed clears the memo: an identity read by name came or went.
+func (s *Set) changed() {
+	s.mu.Lock()
+	clear(s.names)
+	s.mu.Unlock()
+}
+
 // Len returns the number of policies and identities held.
 func (s *Set) Len() (policies, identities int) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	return len(s.policies), len(s.ids)
+	identities = len(s.ids)
+	if s.reader != nil {
+		_, known := s.reader.len()
+		identities += known
+	}
+	return len(s.policies), identities
+}
+
+// identityLocked gives an identity's recorded labels, or the reader's
+// (asking it to read an unknown one); s.mu held.
+func (s *Set) identityLocked(id uint32) (Labels, bool) {
+	if ls, ok := s.ids[id]; ok {
+		return ls, true
+	}
+	if s.reader != nil {
+		return s.reader.lookup(id)
+	}
+	return nil, false
 }
 
 // Labels gives a cluster identity's namespace and pod labels (its k8s
@@ -84,7 +118,7 @@ func (s *Set) Len() (policies, identities int) {
 // a namespace (reserved, CIDR).
 func (s *Set) Labels(id uint32) (namespace string, labels map[string]string, ok bool) {
 	s.mu.RLock()
-	ls, known := s.ids[id]
+	ls, known := s.identityLocked(id)
 	s.mu.RUnlock()
 	if !known {
 		return "", nil, false
@@ -102,23 +136,25 @@ func (s *Set) Labels(id uint32) (namespace string, labels map[string]string, ok 
 	return namespace, labels, true
 }
 
-// HasIdentity reports whether the set knows an identity's labels.
+// HasIdentity reports whether the set knows an identity's labels; it
+// asks for no read of an unknown one (a known one due is read again).
 func (s *Set) HasIdentity(id uint32) bool {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	_, ok := s.ids[id]
-	return ok
+	if _, ok := s.ids[id]; ok {
+		return true
+	}
+	return s.reader != nil && s.reader.has(id)
 }
 
 // labelsOf returns an identity's labels: a reserved one's, else those
-// recorded. Identities of the local scope (CIDR, FQDN: 1<<24 | n) are
+// recorded or read. Identities of the local scope (CIDR, FQDN: 1<<24 | n) are
 // allocated by each agent and not known here.
 func (s *Set) labelsOf(id uint32) (Labels, bool) {
 	if ls, ok := reservedLabels[id]; ok {
 		return ls, true
 	}
-	ls, ok := s.ids[id]
-	return ls, ok
+	return s.identityLocked(id)
 }
 
 // Denying returns the policies that alone deny f, in a stable order
@@ -163,8 +199,17 @@ func (s *Set) Name(egress bool, subject, peer uint32, proto uint8, port uint16) 
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if refs := s.denyingIDsLocked(egress, subject, peer, proto, port); refs != nil {
-		v = Join(refs)
+	sl, ok1 := s.labelsOf(subject)
+	pl, ok2 := s.labelsOf(peer)
+	switch {
+	case s.reader != nil && (!ok1 && cluster(subject) || !ok2 && cluster(peer)):
+		// Not memoized: the identity is being read by name (the next
+		// drop asks again, and again after a dropped read).
+		return ""
+	case ok1 && ok2:
+		if refs := s.denying(&Flow{Egress: egress, Subject: sl, Peer: pl, Proto: proto, Port: port}); refs != nil {
+			v = Join(refs)
+		}
 	}
 	if len(s.names) >= maxMemo {
 		clear(s.names)

@@ -348,6 +348,7 @@ func TestAPIServerCost(t *testing.T) {
 		name    string
 		tr      *traffic
 		l       *kube.Live
+		set     *fence.Set
 		index   *topology.Index
 		firstNB int64
 		firstPB int64
@@ -364,7 +365,7 @@ func TestAPIServerCost(t *testing.T) {
 		m := &mode{name: name, tr: newTraffic(), index: topology.NewIndex()}
 		syncStart := time.Now()
 		var err error
-		if m.l, err = startExporterSet(ctx, api.Config, m.tr.wrap, m.index, name, localNode); err != nil {
+		if m.l, m.set, err = startExporterSet(ctx, api.Config, m.tr.wrap, m.index, name, localNode); err != nil {
 			t.Fatal(err)
 		}
 		n, p, j := m.index.Counts()
@@ -379,6 +380,24 @@ func TestAPIServerCost(t *testing.T) {
 			name, m.firstNB, n, m.firstPB, m.firstPB/int64(max(p, 1)), m.tr.total("ciliumidentities"), m.tr.total("services"), m.tr.total("endpointslices"),
 			m.tr.total("ciliumnetworkpolicies")+m.tr.total("ciliumclusterwidenetworkpolicies")+m.tr.total("networkpolicies"), m.tr.all())
 		modes = append(modes, m)
+		if name == "daemonset" {
+			// The per-node view reads identities by name as drops and
+			// lookups name them: what 100 of them cost (a node's peers),
+			// read once each and again every 10 minutes while in use.
+			const peers = 100
+			b0 := m.tr.all()
+			for i := range peers {
+				m.set.Labels(uint32(100000 + i))
+			}
+			for _, n := m.set.Len(); n < peers; _, n = m.set.Len() {
+				if ctx.Err() != nil {
+					t.Fatalf("daemonset: %d of %d identities read by name", n, peers)
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+			read := m.tr.all() - b0
+			t.Logf("daemonset: %d identities read by name (GET each): %d B, %d B each; refreshed every 10 minutes while in use: %d B/s", peers, read, read/peers, read/600)
+		}
 	}
 
 	// Churn, one round: every job pod's status changes once (a kubelet
@@ -594,7 +613,7 @@ func rollout(ctx context.Context, t *testing.T, api *testenv.APIServer, mode str
 			if mode != "relay" {
 				node = fmt.Sprintf("node-%05d", i*nodes/n)
 			}
-			_, err := startExporterSet(rctx, api.Config, nil, topology.NewIndex(), mode, node)
+			_, _, err := startExporterSet(rctx, api.Config, nil, topology.NewIndex(), mode, node)
 			if err == nil {
 				synced.Add(1)
 			}
@@ -804,10 +823,11 @@ func runExporter(t *testing.T, id *testenv.Identity, bin, build, node, env strin
 // per-node view with the lean node view: --kube.pod-view=node,
 // --kube.node-view=peers) or daemonset-allnodes (--kube.node-view=cluster);
 // each with the owner informers (metadata only), the Service and
-// EndpointSlice informers and the fence's policy and identity informers.
+// EndpointSlice informers and the fence's policy informers and, in relay
+// mode, its identity informer (the per-node view reads identities by name).
 // Clients speak protobuf as cmd/exporter's do (the metadata and dynamic
 // clients JSON); wrap (nil: none) sees every request.
-func startExporterSet(ctx context.Context, base *rest.Config, wrap func(http.RoundTripper) http.RoundTripper, index *topology.Index, mode, node string) (*kube.Live, error) {
+func startExporterSet(ctx context.Context, base *rest.Config, wrap func(http.RoundTripper) http.RoundTripper, index *topology.Index, mode, node string) (*kube.Live, *fence.Set, error) {
 	cfg := rest.CopyConfig(base)
 	cfg.WrapTransport = wrap
 	cfg.QPS, cfg.Burst = 50, 100
@@ -832,19 +852,26 @@ func startExporterSet(ctx context.Context, base *rest.Config, wrap func(http.Rou
 		}
 		l, fs, err = kube.NewLocal(client, index, rules, node, 0, logger, opts...)
 	default:
-		return nil, fmt.Errorf("no mode %q", mode)
+		return nil, nil, fmt.Errorf("no mode %q", mode)
 	}
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	l.WithOwners(meta, client.Discovery())
 	svcs, sf, err := kube.NewServices(client, index, 0, logger)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	fl, err := fence.NewLive(dyn, fence.NewSet(), 0, nil, logger)
+	var fopts []fence.Option
+	if mode != "relay" {
+		// The per-node view reads identities by name (cmd/exporter/fence.go):
+		// no identity informer, and no read without a flow naming one.
+		fopts = append(fopts, fence.OnDemandIdentities(fence.DefaultIdentityReads))
+	}
+	set := fence.NewSet()
+	fl, err := fence.NewLive(dyn, set, 0, nil, logger, fopts...)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	errs := make(chan error, 3)
 	go func() { errs <- l.Run(ctx, fs) }()
@@ -858,10 +885,10 @@ func startExporterSet(ctx context.Context, base *rest.Config, wrap func(http.Rou
 	}()
 	for range 3 {
 		if err := <-errs; err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 	}
-	return l, nil
+	return l, set, nil
 }
 
 // installCiliumCRDs creates the CRDs of Cilium's policies and identities
