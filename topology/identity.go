@@ -119,6 +119,11 @@ type Rule struct {
 	// KindFromOwner takes job_kind from the pod's controller owner reference
 	// when that is not a plain batch Job.
 	KindFromOwner bool
+	// OwnerKinds: a pod that Indexed leaves out still belongs to a job when
+	// its top owner, found through the owners, is of one of these kinds:
+	// that owner's job (a RayJob's submitter, a plain batch Job the RayJob
+	// controls). With KindFromOwner.
+	OwnerKinds []string
 	// OperatorLabel maps an operator name to a kind (mpi-operator -> MPIJob).
 	OperatorLabel string
 }
@@ -182,7 +187,9 @@ func DefaultRules() []Rule {
 			Kind:       "VolcanoJob",
 			RoleLabels: []string{"volcano.sh/task-spec"},
 		},
-		{ // The RayJob submitter (a batch Job of the RayJob's name).
+		{ // A RayJob submitter pod that carries KubeRay's originated-from labels
+			// (KubeRay v1.6.0 sets them on its Job object only: the batch
+			// Job rule's OwnerKinds finds that one).
 			NameLabel:  "ray.io/originated-from-cr-name",
 			Kind:       "RayJob",
 			KindLabel:  "ray.io/originated-from-crd",
@@ -202,6 +209,11 @@ func DefaultRules() []Rule {
 			Indexed:        true,
 			MinPods:        2,
 			KindFromOwner:  true,
+			// KubeRay v1.6.0's RayJob submitter: its pod carries only the
+			// Job controller's labels, its Job (named after the RayJob)
+			// is controlled by the RayJob, whose RayCluster's pods are
+			// the rest of the job.
+			OwnerKinds: []string{"RayJob"},
 		},
 	}
 }
@@ -320,7 +332,7 @@ func Identify(rules []Rule, p PodMeta, owners Owners) (Identity, bool) {
 		if name == "" {
 			continue
 		}
-		if r.Indexed && p.get(LabelCompletionIndex) == "" {
+		if r.Indexed && p.get(LabelCompletionIndex) == "" && !ownedBy(r, &p, owners) {
 			return Identity{}, false
 		}
 		id := Identity{Name: name, Kind: r.Kind, Role: RoleWorker, MinPods: r.MinPods, MultiZone: p.get(LabelMultiZone)}
@@ -398,6 +410,16 @@ func topOwner(namespace string, o *OwnerRef, owners Owners) (top OwnerRef, looke
 		cur = next
 	}
 	return top, looked, found
+}
+
+// ownedBy reports whether the pod's top owner, found through owners, is
+// of one of the rule's OwnerKinds.
+func ownedBy(r *Rule, p *PodMeta, owners Owners) bool {
+	if len(r.OwnerKinds) == 0 {
+		return false
+	}
+	top, looked, ok := topOwner(p.Namespace, p.Owner, owners)
+	return ok && looked && contains(r.OwnerKinds, top.Kind)
 }
 
 // hostname is the pod's spec.hostname, or what the Job controller sets it

@@ -183,6 +183,36 @@ func TestIndexRayJob(t *testing.T) {
 	}
 }
 
+// KubeRay v1.6.0 (internal/trainlab TestRealMPIAndRay): the submitter
+// pod carries only the Job controller's labels; through its Job's owner
+// it is one of the RayJob's pods, in its own zone, and the job counts
+// the cluster's pods for the submitter's minimum. Without the owners the
+// cluster is a RayCluster of its own and the submitter no job.
+func TestIndexRayJobV16Submitter(t *testing.T) {
+	owners := ownerMap{
+		{APIVersion: "ray.io/v1", Kind: "RayCluster", Name: "tune-x7k2p"}: {APIVersion: "ray.io/v1", Kind: "RayJob", Name: "tune"},
+		{APIVersion: "batch/v1", Kind: "Job", Name: "tune"}:               {APIVersion: "ray.io/v1", Kind: "RayJob", Name: "tune"},
+	}
+	pods := []placed{
+		{name: "tune-x7k2p-head-abcde", meta: rayPod("tune-x7k2p", "head", "headgroup"), node: "n-a"},
+		{name: "tune-x7k2p-gpu-worker-fghij", meta: rayPod("tune-x7k2p", "worker", "gpu"), node: "n-a"},
+		{name: "tune-klmno", meta: raySubmitterV16("tune"), node: "n-b", ip: "10.0.0.7"},
+	}
+	x := zonedIndex(t, pods, owners)
+	jp := x.Placements("")
+	if len(jp) != 1 || jp[0].Job != (Job{Namespace: "ray", Name: "tune", Kind: "RayJob"}) || len(jp[0].Pods) != 3 ||
+		len(jp[0].Zones) != 2 || jp[0].Zones[0] != "z-a" || jp[0].Zones[1] != "z-b" || roles(jp[0])["tune-klmno"] != RoleWorker {
+		t.Fatalf("with owners: %+v", jp)
+	}
+	if e, _ := x.LookupIP(netip.MustParseAddr("10.0.0.7")); e.Job == nil || e.Job.Name != "tune" || e.Job.Kind != "RayJob" {
+		t.Fatalf("the submitter's address resolves to %+v, want RayJob tune", e)
+	}
+	jp = zonedIndex(t, pods, nil).Placements("")
+	if len(jp) != 1 || jp[0].Job.Kind != "RayCluster" || len(jp[0].Pods) != 2 {
+		t.Fatalf("without owners: %+v", jp)
+	}
+}
+
 func equalMaps(a, b map[string]string) bool {
 	if len(a) != len(b) {
 		return false

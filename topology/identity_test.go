@@ -115,6 +115,18 @@ func raySubmitter(rayjob string) PodMeta {
 	}, Owner: &OwnerRef{APIVersion: "batch/v1", Kind: "Job", Name: rayjob}}
 }
 
+// raySubmitterV16: KubeRay v1.6.0, the version the test bed runs
+// (internal/trainlab TestRealMPIAndRay): rayjob_controller.go
+// createNewK8sJob puts ray.io/originated-from-cr-name and
+// originated-from-crd=RayJob on the Job object only, and
+// common/job.go GetSubmitterTemplate gives its pod template no label: the
+// pod carries only the Job controller's labels and its owner reference.
+func raySubmitterV16(rayjob string) PodMeta {
+	return PodMeta{Namespace: "ray", Labels: map[string]string{
+		"batch.kubernetes.io/job-name": rayjob, "job-name": rayjob, "batch.kubernetes.io/controller-uid": "u", "controller-uid": "u",
+	}, Owner: &OwnerRef{APIVersion: "batch/v1", Kind: "Job", Name: rayjob}}
+}
+
 // batchPod: a plain batch Job's pod (k8s.io/kubernetes v1.37.2
 // pkg/controller/job). index < 0: not Indexed. labelIndex false: the
 // completion index only as an annotation (before 1.28, or PodIndexLabel off).
@@ -161,6 +173,7 @@ func TestIdentify(t *testing.T) {
 		{APIVersion: "ray.io/v1", Kind: "RayCluster", Name: "tune-x7k2p"}:     {APIVersion: "ray.io/v1", Kind: "RayJob", Name: "tune"},
 		{APIVersion: "batch/v1", Kind: "Job", Name: "tune"}:                   {APIVersion: "ray.io/v1", Kind: "RayJob", Name: "tune"},
 		{APIVersion: "batch/v1", Kind: "Job", Name: "pi-launcher"}:            {APIVersion: "kubeflow.org/v2beta1", Kind: "MPIJob", Name: "pi"},
+		{APIVersion: "batch/v1", Kind: "Job", Name: "nightly"}:                {APIVersion: "argoproj.io/v1alpha1", Kind: "Workflow", Name: "etl"},
 	}
 
 	cases := []struct {
@@ -265,6 +278,13 @@ func TestIdentify(t *testing.T) {
 		// Point 8: the submitter belongs to the RayJob.
 		{name: "RayJob submitter", pod: raySubmitter("tune"),
 			want: Identity{Kind: "RayJob", Name: "tune", Role: RoleWorker, MinPods: 2}, ok: true},
+
+		// KubeRay v1.6.0: the submitter's pod names no RayJob; its Job's
+		// owner does. Without the owners it is a plain Job's pod: none.
+		{name: "RayJob submitter, KubeRay v1.6.0, through its Job's owner", pod: raySubmitterV16("tune"), owners: owners,
+			want: Identity{Kind: "RayJob", Name: "tune", Role: RoleWorker, MinPods: 2}, ok: true},
+		{name: "RayJob submitter, KubeRay v1.6.0, no owners known", pod: raySubmitterV16("tune"), ok: false},
+		{name: "plain Job of another top owner stays out", pod: batchPod("nightly", -1, false), owners: owners, ok: false},
 
 		// Points 7 and 10: batch Jobs.
 		{name: "batch Job indexed", pod: batchPod("etl", 1, true),

@@ -51,7 +51,8 @@ type Live struct {
 	localJob map[string]jobID
 	jobs     map[jobID]*jobGroup
 	held     map[string][]holding
-	stopped  bool // Run's context is done: no new feed
+	nodePods cache.Indexer // the node's pod informer's
+	stopped  bool          // Run's context is done: no new feed
 	// The remote jobs listed on demand (remote.go), under mu: by the
 	// selector of the identity that asked, the demands waiting for a
 	// feed (with when a lookup last met them), and this second's starts.
@@ -272,6 +273,7 @@ func (l *Live) ownerChanged(key string) {
 		// A job's name and the owner objects below it may have changed:
 		// so may the selectors of the node's jobs.
 		l.regroupAllLocked()
+		l.placeBelowLocked(keys)
 		return
 	}
 	for _, k := range keys {

@@ -126,6 +126,7 @@ func NewLocal(client kubernetes.Interface, index *topology.Index, rules []topolo
 	if err := l.podInformer(pi); err != nil {
 		return nil, nil, err
 	}
+	l.nodePods = pi.GetIndexer()
 	reg, err := pi.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(o any) { l.around("", "add", o, func() { l.localPod(o) }) },
 		UpdateFunc: func(_, o any) { l.around("", "update", o, func() { l.localPod(o) }) },
@@ -154,9 +155,10 @@ func (l *Live) podInformer(pi cache.SharedIndexInformer) error {
 }
 
 // selOf is the selector of the job a kept pod belongs to; false for a pod
-// of no job.
+// of no job. Identity reads the owners: a RayJob's submitter (KubeRay
+// v1.6.0) is of a job only through its Job's owner.
 func (l *Live) selOf(p *CachedPod) (jobSel, bool) {
-	if p.Pod(l.rules, nil).Identity.Name == "" {
+	if p.Pod(l.rules, l.ownersLocked()).Identity.Name == "" {
 		return jobSel{}, false
 	}
 	for _, r := range l.rules {
@@ -176,6 +178,10 @@ func (l *Live) localPod(o any) {
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	l.localPodLocked(p)
+}
+
+func (l *Live) localPodLocked(p *CachedPod) {
 	key := p.Namespace + "/" + p.Name
 	sel, isJob := l.selOf(p)
 	if !isJob && !l.holdsLocked(nil, key) {
@@ -310,6 +316,24 @@ func (l *Live) jobSelsLocked(id jobID, base map[jobSel]string) map[jobSel]bool {
 		}
 	}
 	return want
+}
+
+// placeBelowLocked places the node's pods whose controller is one of the
+// owner objects (objectKey) that the node's pod informer holds but no job
+// took yet: an owner that came after its pod may make it a job's (a
+// RayJob's submitter Job).
+func (l *Live) placeBelowLocked(keys []string) {
+	if l.nodePods == nil {
+		return
+	}
+	for _, k := range keys {
+		objs, _ := l.nodePods.ByIndex(controllerIndex, k)
+		for _, o := range objs {
+			if p, ok := o.(*CachedPod); ok && !l.holdsLocked(nil, p.Namespace+"/"+p.Name) {
+				l.localPodLocked(p)
+			}
+		}
+	}
 }
 
 // regroupAllLocked places every local pod again after an owner changed:

@@ -36,12 +36,16 @@ type OwnerResource struct {
 // user created, where the pod's labels do not name the latter:
 //   - batch Jobs of a JobSet (-> JobSet), selected by the JobSet label so
 //     that CronJob runs and other Jobs are not watched;
+//   - a RayJob's submitter Job (-> RayJob), selected by the label KubeRay
+//     v1.6.0 puts on that Job object (not on its pod, whose job-name label
+//     names the Job);
 //   - JobSets (-> TrainJob, Kubeflow Trainer v2);
 //   - RayClusters (-> RayJob or RayService).
 //
 // MPIJob's launcher Job needs no watch: its pods name the MPIJob.
 var OwnerResources = []OwnerResource{
 	{GVR: schema.GroupVersionResource{Group: "batch", Version: "v1", Resource: "jobs"}, Kind: "Job", Selector: "jobset.sigs.k8s.io/jobset-name"},
+	{GVR: schema.GroupVersionResource{Group: "batch", Version: "v1", Resource: "jobs"}, Kind: "Job", Selector: "ray.io/originated-from-crd=RayJob", PodLabel: "batch.kubernetes.io/job-name"},
 	{GVR: schema.GroupVersionResource{Group: "jobset.x-k8s.io", Version: "v1alpha2", Resource: "jobsets"}, Kind: "JobSet", PodLabel: "jobset.sigs.k8s.io/jobset-name"},
 	{GVR: schema.GroupVersionResource{Group: "ray.io", Version: "v1", Resource: "rayclusters"}, Kind: "RayCluster", PodLabel: "ray.io/cluster"},
 }
@@ -50,7 +54,8 @@ type groupKind struct{ group, kind string }
 
 // ownerStore answers topology.Owners from the metadata informers' caches.
 type ownerStore struct {
-	stores map[groupKind]cache.Store
+	// stores: one per watch of a kind (batch Jobs: a JobSet's, a RayJob's).
+	stores map[groupKind][]cache.Store
 	// below finds the owner objects a given one controls (a JobSet's Jobs).
 	below []ownerIndex
 }
@@ -183,23 +188,20 @@ func (s *ownerStore) ControllerOf(namespace string, o topology.OwnerRef) (topolo
 	if err != nil {
 		return topology.OwnerRef{}, false
 	}
-	st := s.stores[groupKind{gv.Group, o.Kind}]
-	if st == nil {
-		return topology.OwnerRef{}, false
+	for _, st := range s.stores[groupKind{gv.Group, o.Kind}] {
+		obj, ok, _ := st.GetByKey(namespace + "/" + o.Name)
+		if !ok {
+			continue
+		}
+		m, ok := obj.(*metav1.PartialObjectMetadata)
+		if !ok {
+			continue
+		}
+		if c := metav1.GetControllerOfNoCopy(m); c != nil {
+			return topology.OwnerRef{APIVersion: c.APIVersion, Kind: c.Kind, Name: c.Name}, true
+		}
 	}
-	obj, ok, _ := st.GetByKey(namespace + "/" + o.Name)
-	if !ok {
-		return topology.OwnerRef{}, false
-	}
-	m, ok := obj.(*metav1.PartialObjectMetadata)
-	if !ok {
-		return topology.OwnerRef{}, false
-	}
-	c := metav1.GetControllerOfNoCopy(m)
-	if c == nil {
-		return topology.OwnerRef{}, false
-	}
-	return topology.OwnerRef{APIVersion: c.APIVersion, Kind: c.Kind, Name: c.Name}, true
+	return topology.OwnerRef{}, false
 }
 
 // StripOwner keeps name, namespace and the controller reference of an
@@ -228,7 +230,7 @@ func StripOwner(obj any) (any, error) {
 // objects are named after their top owner.
 func startOwners(ctx context.Context, meta metadata.Interface, disc discovery.DiscoveryInterface, resync time.Duration, logger *slog.Logger,
 	denied *Denials, changed func(key string)) (*ownerStore, []cache.InformerSynced) {
-	store := &ownerStore{stores: map[groupKind]cache.Store{}}
+	store := &ownerStore{stores: map[groupKind][]cache.Store{}}
 	var synced []cache.InformerSynced
 	var factories []metadatainformer.SharedInformerFactory
 	for _, res := range OwnerResources {
@@ -277,7 +279,7 @@ func startOwners(ctx context.Context, meta metadata.Interface, disc discovery.Di
 			logger.Warn("owner informer handler", "resource", res.GVR.String(), "err", err)
 			continue
 		}
-		store.stores[gk] = inf.GetStore()
+		store.stores[gk] = append(store.stores[gk], inf.GetStore())
 		store.below = append(store.below, ownerIndex{gk, inf.GetIndexer(), res.PodLabel, res.GVR.GroupVersion().String()})
 		if !forbidden {
 			synced = append(synced, inf.HasSynced)

@@ -50,10 +50,19 @@ func TestOwnerStore(t *testing.T) {
 	}
 	st := cache.NewStore(cache.MetaNamespaceKeyFunc)
 	_ = st.Add(m)
-	s := &ownerStore{stores: map[groupKind]cache.Store{{"jobset.x-k8s.io", "JobSet"}: st}}
+	// batch Jobs have two watches (a JobSet's, a RayJob's submitter): the
+	// second answers for what the first does not hold.
+	jobsetJobs, rayJobs := cache.NewStore(cache.MetaNamespaceKeyFunc), cache.NewStore(cache.MetaNamespaceKeyFunc)
+	submitter, _ := StripOwner(partial("batch/v1", "Job", "ml", "tune", &metav1.OwnerReference{APIVersion: "ray.io/v1", Kind: "RayJob", Name: "tune", Controller: &yes}))
+	_ = rayJobs.Add(submitter)
+	s := &ownerStore{stores: map[groupKind][]cache.Store{{"jobset.x-k8s.io", "JobSet"}: {st}, {"batch", "Job"}: {jobsetJobs, rayJobs}}}
 	got, ok := s.ControllerOf("ml", topology.OwnerRef{APIVersion: "jobset.x-k8s.io/v1alpha2", Kind: "JobSet", Name: "llm"})
 	if !ok || got != (topology.OwnerRef{APIVersion: "trainer.kubeflow.org/v1alpha1", Kind: "TrainJob", Name: "llm"}) {
 		t.Fatalf("ControllerOf = %+v, %v", got, ok)
+	}
+	got, ok = s.ControllerOf("ml", topology.OwnerRef{APIVersion: "batch/v1", Kind: "Job", Name: "tune"})
+	if !ok || got != (topology.OwnerRef{APIVersion: "ray.io/v1", Kind: "RayJob", Name: "tune"}) {
+		t.Fatalf("ControllerOf(the RayJob's Job) = %+v, %v", got, ok)
 	}
 	for _, o := range []topology.OwnerRef{
 		{APIVersion: "jobset.x-k8s.io/v1alpha2", Kind: "JobSet", Name: "other"},
@@ -118,8 +127,8 @@ func TestStartOwnersSkips(t *testing.T) {
 	if !cache.WaitForCacheSync(ctx.Done(), synced...) {
 		t.Fatal("not synced")
 	}
-	if len(synced) != 1 || len(store.stores) != 2 {
-		t.Fatalf("waiting for %d kinds and watching %d, want to wait for batch Jobs only and watch RayClusters too:\n%s", len(synced), len(store.stores), log.String())
+	if len(synced) != 2 || len(store.stores) != 2 || len(store.stores[groupKind{"batch", "Job"}]) != 2 {
+		t.Fatalf("waiting for %d watches and watching %d kinds, want to wait for the two batch Job watches (JobSets', RayJobs') only and watch RayClusters too:\n%s", len(synced), len(store.stores), log.String())
 	}
 	for _, want := range []string{`level=INFO msg="not resolving owners of this kind" resource="jobset.x-k8s.io/v1alpha2, Resource=jobsets" reason="not served (CRD not installed)"`,
 		`level=ERROR msg="permission denied: add the rule to zonewatch's ClusterRole (Helm chart: templates/clusterrole.yaml); kubernetes recovers by itself once granted" starved_source=kubernetes verb=list resource=rayclusters.ray.io user=system:serviceaccount:monitoring:zonewatch rule="{apiGroups: [\"ray.io\"], resources: [\"rayclusters\"], verbs: [\"list\", \"watch\"]}"`} {

@@ -212,9 +212,9 @@ func (c *randomCluster) relabelNode() {
 	}
 }
 
-// owner creates an owner object (a custom resource, or a batch Job of a
-// JobSet) in ns, controlled by ctrl (nil for none), and returns a
-// controller reference to it.
+// owner creates an owner object (a custom resource, or a batch Job: a
+// JobSet's, Indexed, or a RayJob's submitter) in ns, controlled by ctrl
+// (nil for none), and returns a controller reference to it.
 func (c *randomCluster) owner(ns, apiVersion, kind, plural, name string, labels map[string]string, ctrl *metav1.OwnerReference) *metav1.OwnerReference {
 	gv, _ := schema.ParseGroupVersion(apiVersion)
 	obj := &unstructured.Unstructured{Object: map[string]any{"apiVersion": apiVersion, "kind": kind, "spec": map[string]any{}}}
@@ -225,8 +225,11 @@ func (c *randomCluster) owner(ns, apiVersion, kind, plural, name string, labels 
 		obj.SetOwnerReferences([]metav1.OwnerReference{*ctrl})
 	}
 	if kind == "Job" {
-		obj.Object["spec"] = map[string]any{"completionMode": "Indexed", "completions": int64(2), "parallelism": int64(2),
-			"template": map[string]any{"spec": map[string]any{"restartPolicy": "Never", "containers": []any{map[string]any{"name": "node", "image": "trainer"}}}}}
+		spec := map[string]any{"template": map[string]any{"spec": map[string]any{"restartPolicy": "Never", "containers": []any{map[string]any{"name": "node", "image": "trainer"}}}}}
+		if labels["jobset.sigs.k8s.io/jobset-name"] != "" {
+			spec["completionMode"], spec["completions"], spec["parallelism"] = "Indexed", int64(2), int64(2)
+		}
+		obj.Object["spec"] = spec
 	}
 	created, err := c.dyn.Resource(gv.WithResource(plural)).Namespace(ns).Create(c.ctx, obj, metav1.CreateOptions{})
 	if err != nil {
@@ -302,17 +305,19 @@ func (c *randomCluster) jobPods(ns string) (string, []*corev1.Pod) {
 			add(fmt.Sprintf("%s-worker-%d", name, i), map[string]string{"training.kubeflow.org/job-name": name, "training.kubeflow.org/job-role": "worker",
 				"training.kubeflow.org/operator-name": "mpi-operator", "training.kubeflow.org/replica-index": fmt.Sprint(i)})
 		}
-	case 7: // RayJob (KubeRay v1.7.0): its RayCluster's head and workers, and its submitter
+	case 7: // RayJob (KubeRay v1.6.0, as internal/trainlab's TestRealMPIAndRay sees it): its RayCluster's head and workers, and its submitter
 		rj := c.owner(ns, "ray.io/v1", "RayJob", "rayjobs", name, nil, nil)
 		cluster := name + "-x7k2p"
-		owner = c.owner(ns, "ray.io/v1", "RayCluster", "rayclusters", cluster, map[string]string{"ray.io/originated-from-crd": "RayJob", "ray.io/originated-from-cr-name": name}, rj)
+		rayJob := map[string]string{"ray.io/originated-from-crd": "RayJob", "ray.io/originated-from-cr-name": name}
+		owner = c.owner(ns, "ray.io/v1", "RayCluster", "rayclusters", cluster, rayJob, rj)
 		add(cluster+"-head-abcde", map[string]string{"ray.io/cluster": cluster, "ray.io/node-type": "head", "ray.io/group": "headgroup", "ray.io/is-ray-node": "yes"})
 		for i := range n {
 			add(fmt.Sprintf("%s-gpu-worker-%d", cluster, i), map[string]string{"ray.io/cluster": cluster, "ray.io/node-type": "worker", "ray.io/group": "gpu", "ray.io/is-ray-node": "yes"})
 		}
-		owner = &metav1.OwnerReference{APIVersion: "batch/v1", Kind: "Job", Name: name, UID: "00000000-0000-0000-0000-000000000004", Controller: &yes}
-		add(name+"-klmno", map[string]string{"ray.io/originated-from-cr-name": name, "ray.io/originated-from-crd": "RayJob",
-			"batch.kubernetes.io/job-name": name, "job-name": name})
+		// The originated-from labels are on the submitter's Job, not its
+		// pod, which carries the Job controller's labels only.
+		owner = c.owner(ns, "batch/v1", "Job", "jobs", name, rayJob, rj)
+		add(name+"-klmno", map[string]string{"batch.kubernetes.io/job-name": name, "job-name": name})
 	default: // a RayCluster of its own
 		owner = c.owner(ns, "ray.io/v1", "RayCluster", "rayclusters", name, nil, nil)
 		add(name+"-head-abcde", map[string]string{"ray.io/cluster": name, "ray.io/node-type": "head", "ray.io/group": "headgroup", "ray.io/is-ray-node": "yes"})

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -176,33 +177,197 @@ func rayCluster(ctx context.Context, v *viewer) {
 // KubeRay creates the cluster, and the submitter (a batch Job named after
 // the RayJob) only once the cluster is ready (the kubelet stand-in makes
 // its pods Ready).
+//
+// KubeRay v1.6.0 puts the ray.io/originated-from-* labels on the
+// RayCluster and the submitter Job objects, not on any pod (asserted
+// below, from the real objects): the cluster's pods carry ray.io/cluster
+// of "rj-<random>", the submitter's pod only the Job controller's
+// job-name labels, and neither names the RayJob. The exporter finds it
+// through the owners (pod -> RayCluster -> RayJob; pod -> Job "rj" ->
+// RayJob): the submitter is one more worker of the RayJob while it runs
+// (its zone is the job's too), in the cluster-wide view and in every
+// node's per-node view; once it finished it is left out.
 func rayJob(ctx context.Context, v *viewer) {
 	const ns = "rayjob"
 	v.namespace(ctx, ns)
+	views := nodeViews(ctx, v)
+	// The cluster in zone a, the submitter in zone b: one job of two zones.
+	spec := rayClusterSpec(map[string]any{"groupName": "small", "replicas": 1, "minReplicas": 0, "maxReplicas": 1})
+	inZone(spec["headGroupSpec"].(map[string]any)["template"].(map[string]any), "zone-a")
+	inZone(spec["workerGroupSpecs"].([]any)[0].(map[string]any)["template"].(map[string]any), "zone-a")
+	submitterPod := map[string]any{"spec": map[string]any{"restartPolicy": "Never",
+		"containers": []any{map[string]any{"name": "ray-job-submitter", "image": "registry.example.com/ray:2.40.0"}}}}
+	inZone(submitterPod, "zone-b")
 	v.create(ctx, trainlab.RayJobGVR, map[string]any{
 		"apiVersion": "ray.io/v1", "kind": "RayJob", "metadata": map[string]any{"name": "rj", "namespace": ns},
 		"spec": map[string]any{
-			"entrypoint":     "python -c 'print(1)'",
-			"rayClusterSpec": rayClusterSpec(map[string]any{"groupName": "small", "replicas": 1, "minReplicas": 0, "maxReplicas": 1}),
+			"entrypoint":           "python -c 'print(1)'",
+			"rayClusterSpec":       spec,
+			"submitterPodTemplate": submitterPod,
 		},
 	})
 	desc := rayDesc
-	// KubeRay v1.6.0 labels the cluster's pods with the cluster, not the
-	// RayJob (the ray.io/originated-from-* labels are on the RayCluster
-	// object only): the exporter finds the RayJob through the owners
-	// (pod -> RayCluster "rj-<random>" -> RayJob rj). The submitter is a
-	// plain batch Job "rj" (not Indexed, no Ray label on its pod): it is
-	// left out of the job, while it runs and after it finished.
 	cluster := "RayJob/rj head/headgroup=coordinator worker/small=worker"
-	v.running(ctx, ns, desc, "submitter")
-	v.want(ctx, ns, desc, cluster)
+	submitter := v.running(ctx, ns, desc, "submitter")
+	v.want(ctx, ns, desc, "RayJob/rj head/headgroup=coordinator submitter=worker worker/small=worker")
 	v.owner(ctx, jobGVR, ns, "rj", "RayJob/rj")
+	v.originatedFrom(ctx, jobGVR, ns, "rj", true)
+	v.originatedFrom(ctx, podGVR, ns, submitter.Name, false)
+	for _, p := range v.runningPods(ns) {
+		v.originatedFrom(ctx, podGVR, ns, p.Name, false)
+	}
+	rcs, err := v.bed.Dyn.Resource(trainlab.RayClusterGVR).Namespace(ns).List(ctx, metav1.ListOptions{})
+	if err != nil || len(rcs.Items) != 1 {
+		v.t.Fatalf("RayClusters of the RayJob: %v, %v", rcs, err)
+	}
+	v.originatedFrom(ctx, trainlab.RayClusterGVR, ns, rcs.Items[0].GetName(), true)
+	v.zonesOfPods(ctx, ns, "rj")
+	if jp, _ := placementOf(v.idx, ns, "rj"); !slices.Equal(jp.Zones, []string{"zone-a", "zone-b"}) {
+		v.t.Errorf("RayJob rj placed in %v, want zone-a (its cluster) and zone-b (its submitter)", jp.Zones)
+	}
+	v.sameOnNodes(ctx, ns, "rj", views)
 
-	v.exit(ctx, v.running(ctx, ns, desc, "submitter"), 0)
+	v.exit(ctx, submitter, 0)
 	v.want(ctx, ns, desc, cluster)
+	v.sameOnNodes(ctx, ns, "rj", views)
 
 	v.delete(ctx, trainlab.RayJobGVR, ns, "rj")
 	v.gone(ctx, ns, "rj")
+}
+
+// inZone pins a pod template to a zone (a node selector).
+func inZone(tmpl map[string]any, zone string) {
+	tmpl["spec"].(map[string]any)["nodeSelector"] = map[string]any{"topology.kubernetes.io/zone": zone}
+}
+
+// originatedFrom checks whether an object carries KubeRay's
+// ray.io/originated-from-crd=RayJob and originated-from-cr-name labels.
+func (v *viewer) originatedFrom(ctx context.Context, gvr schema.GroupVersionResource, ns, name string, want bool) {
+	v.t.Helper()
+	u, err := v.bed.Dyn.Resource(gvr).Namespace(ns).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		v.t.Fatal(err)
+	}
+	l := u.GetLabels()
+	got := l["ray.io/originated-from-crd"] == "RayJob" && l["ray.io/originated-from-cr-name"] != ""
+	if got != want || (!want && (l["ray.io/originated-from-crd"] != "" || l["ray.io/originated-from-cr-name"] != "")) {
+		v.t.Errorf("%s %s/%s labels %v: originated-from labels %v, want %v", gvr.Resource, ns, name, l, got, want)
+	}
+}
+
+// runningPods are the namespace's running pods.
+func (v *viewer) runningPods(ns string) []*corev1.Pod {
+	pods, _ := v.bed.Pods(ns)
+	var out []*corev1.Pod
+	for _, p := range pods {
+		if p.Status.Phase == corev1.PodRunning && p.DeletionTimestamp == nil {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// zonesOfPods waits until the exporter places the job in the zones of
+// the nodes of the namespace's running pods, each pod in its node's zone.
+func (v *viewer) zonesOfPods(ctx context.Context, ns, job string) {
+	v.t.Helper()
+	nodes, err := v.bed.Client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		v.t.Fatal(err)
+	}
+	zone := map[string]string{}
+	for _, n := range nodes.Items {
+		zone[n.Name] = n.Labels["topology.kubernetes.io/zone"]
+	}
+	v.until(ctx, func() (bool, string) {
+		var want, pods []string
+		for _, p := range v.runningPods(ns) {
+			want = append(want, zone[p.Spec.NodeName])
+			pods = append(pods, p.Name+"@"+zone[p.Spec.NodeName])
+		}
+		slices.Sort(want)
+		want = slices.Compact(want)
+		slices.Sort(pods)
+		jp, _ := placementOf(v.idx, ns, job)
+		var got []string
+		for _, pp := range jp.Pods {
+			got = append(got, pp.Pod+"@"+pp.Zone)
+		}
+		slices.Sort(got)
+		return slices.Equal(jp.Zones, want) && slices.Equal(got, pods),
+			fmt.Sprintf("job %s/%s placed in %v as %v, want %v as %v", ns, job, jp.Zones, got, want, pods)
+	})
+}
+
+// nodeViews runs the exporter's per-node view (kube.NewLocal with the
+// owner informers, as the DaemonSet runs it) on each of the bed's nodes.
+func nodeViews(ctx context.Context, v *viewer) map[string]*topology.Index {
+	v.t.Helper()
+	nodes, err := v.bed.Client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		v.t.Fatal(err)
+	}
+	meta, err := metadata.NewForConfig(v.bed.API.Config)
+	if err != nil {
+		v.t.Fatal(err)
+	}
+	views := map[string]*topology.Index{}
+	for _, n := range nodes.Items {
+		idx := topology.NewIndex()
+		l, fs, err := kube.NewLocal(v.bed.Client, idx, topology.DefaultRules(), n.Name, 0, slog.New(slog.DiscardHandler))
+		if err != nil {
+			v.t.Fatal(err)
+		}
+		l.WithOwners(meta, v.bed.Client.Discovery())
+		if err := l.Run(ctx, fs); err != nil {
+			v.t.Fatal(err)
+		}
+		views[n.Name] = idx
+	}
+	return views
+}
+
+// sameOnNodes waits until each node's per-node view places the job as the
+// cluster-wide view does (pods, roles, nodes, zones) where the job has a
+// placed pod on the node.
+func (v *viewer) sameOnNodes(ctx context.Context, ns, job string, views map[string]*topology.Index) {
+	v.t.Helper()
+	v.until(ctx, func() (bool, string) {
+		wide, ok := placementOf(v.idx, ns, job)
+		if !ok {
+			return false, fmt.Sprintf("job %s/%s not placed cluster-wide", ns, job)
+		}
+		want := placed(wide)
+		for node, idx := range views {
+			here := slices.ContainsFunc(wide.Pods, func(p topology.PodPlacement) bool { return p.Node == node })
+			jp, ok := placementOf(idx, ns, job)
+			if here && (!ok || placed(jp) != want) {
+				return false, fmt.Sprintf("node %s places %s/%s as %q, the cluster-wide view as %q", node, ns, job, placed(jp), want)
+			}
+		}
+		return true, ""
+	})
+}
+
+// placementOf is the index's placement of a job.
+func placementOf(idx *topology.Index, ns, job string) (topology.JobPlacement, bool) {
+	for _, jp := range idx.Placements("") {
+		if jp.Job.Namespace == ns && jp.Job.Name == job {
+			return jp, true
+		}
+	}
+	return topology.JobPlacement{}, false
+}
+
+// placed writes a placement down: kind, zones, and each pod's name, role,
+// node and zone, sorted.
+func placed(jp topology.JobPlacement) string {
+	var ps []string
+	for _, p := range jp.Pods {
+		ps = append(ps, p.Pod+"="+p.Role+"@"+p.Node+"/"+p.Zone)
+	}
+	slices.Sort(ps)
+	return jp.Job.Kind + " " + strings.Join(jp.Zones, ",") + " " + strings.Join(ps, " ")
 }
 
 // rayDesc names a Ray pod "<node type>/<group>", the submitter "submitter".
