@@ -415,10 +415,19 @@ tool() {
   dir[$key]=$tools/$name-$version-${h:0:12}
   recipe[$key]=${fns%% *}
 }
+# cpuspent BEFORE AFTER: seconds of CPU (user + sys) that this shell's
+# finished children used between two outputs of bash's times (its second
+# line: the children's), each written to a file by the shell itself (in a
+# command substitution times would report the subshell's children: none).
+cpuspent() {
+  awk 'FNR == 2 { for (i = 1; i <= 2; i++) { sub(/s$/, "", $i); split($i, t, "m"); c[FILENAME] += t[1] * 60 + t[2] } }
+    END { printf "%.0f", c[ARGV[2]] - c[ARGV[1]] }' "$1" "$2"
+}
 # ensure KEY: the tool's folder, complete (.done), building it unless it is.
 # One builder per folder: the others wait on its lock, then find it done.
+# A build logs its wall time and the CPU time of its processes.
 ensure() {
-  local d=${dir[$1]} lock
+  local d=${dir[$1]} lock t0 cpu
   [ ! -f "$d/.done" ] || return 0
   exec {lock}>"$d.lock"
   if ! flock -n "$lock"; then
@@ -429,10 +438,16 @@ ensure() {
     log "building ${d##*/}${hint[$1]:+ (cold: ${hint[$1]})}"
     rm -rf "$d.tmp" "$d.work" "$d"
     mkdir -p "$d.tmp" "$d.work"
+    t0=$SECONDS
+    times >"$d.times0"
     "${recipe[$1]}" "$d.tmp" "$d.work"
+    times >"$d.times1"
+    cpu=$(cpuspent "$d.times0" "$d.times1")
+    rm -f "$d.times0" "$d.times1"
     touch "$d.tmp/.done"
     mv "$d.tmp" "$d"
     rm -rf "$d.work"
+    log "built ${d##*/} in $((SECONDS - t0))s (${cpu}s CPU)"
   fi
   exec {lock}>&-
 }
