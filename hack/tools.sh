@@ -92,21 +92,62 @@ log() { echo "tools: $*" >&2; }
 # folder, with its second, an empty folder, for any work files (a wrapper
 # module). Their source is part of the tool's key: edit one, and the next
 # run builds that tool into a new folder.
+#
+# Every Go build here is CGO_ENABLED=0 -trimpath with
+# -gcflags=all=-dwarf=false and a stripped link (-ldflags "-s -w"): the
+# tools are run, never debugged, and the linker would drop the DWARF the
+# compiler wrote for every package anyway (Alertmanager cold: 130 -> 113
+# CPU-seconds, one build each way on a loaded machine). Panics still print
+# their stacks (those come from the pclntab, not DWARF).
 
 # go install main packages at pinned versions.
 goinstall() { # out pkg@version...
   local out=$1; shift
-  GOBIN="$out" GOFLAGS=-buildvcs=false CGO_ENABLED=0 go install -trimpath "$@"
+  GOBIN="$out" GOFLAGS=-buildvcs=false CGO_ENABLED=0 go install -trimpath -gcflags=all=-dwarf=false -ldflags "-s -w" "$@"
 }
-prometheus_recipe() {
-  goinstall "$1" "github.com/prometheus/prometheus/cmd/prometheus@$PROMETHEUS_VERSION" \
-    "github.com/prometheus/prometheus/cmd/promtool@$PROMETHEUS_VERSION"
+# Prometheus, promtool and helm: one wrapper module, one go build.
+# - Service discoveries: only the ones a test's Prometheus configuration
+#   uses (kubernetes_sd_configs in e2e's operator test; static, file and
+#   http are always in). Prometheus' plugins/ files are built unless
+#   remove_all_sd is set, or with it, enable_<name>_sd. Cold (empty
+#   GOCACHE, warm module cache, go install of both, /usr/bin/time, a loaded
+#   2-core machine): every SD 739 CPU-seconds (636 s user, 103 s sys), these
+#   tags 398 (334 s user, 64 s sys): 341 CPU-seconds less.
+# - helm on Prometheus' graph: helm v3.22.0 requires k8s.io v0.37.0, so it
+#   cannot join the controllers' wrappers (k8s.io v0.35.3: moving them to
+#   v0.37 breaks controller-runtime v0.23, above). It could join the kube
+#   wrapper (v0.37.2; it would move golang.org/x/crypto, x/text, x/tools and
+#   go.yaml.in/yaml/v3 of kube-apiserver's build), not measured. Here it
+#   moves none of Prometheus' modules (Prometheus' build list is the same
+#   as go install's) and shares 53 of its 111 modules with it; 31 of helm's
+#   move up (k8s.io/api, apimachinery and client-go v0.37.0 -> v0.37.1, the
+#   golang.org/x modules, go-openapi). helm alone (go install, cold): 228
+#   CPU-seconds (186 s user, 42 s sys); this recipe on a GOCACHE holding
+#   only the tagged Prometheus build: 63 (the go get, helm's packages whose
+#   modules moved, the links): at least 165 CPU-seconds less.
+# - Alertmanager stays on its own graph: Prometheus v0.316.0 requires
+#   alertmanager v0.34.1, so one graph would build amtool and alertmanager
+#   at v0.34.1, not the pinned v0.31.1.
+# The recipe fails if a pinned main module moved.
+PROMETHEUS_TAGS=remove_all_sd,enable_kubernetes_sd
+prometheus_recipe() { # out work
+  local out=$1 w=$2 p=github.com/prometheus/prometheus/cmd h=helm.sh/helm/v3 m
+  printf 'module zonewatch.local/prometheus\ngo 1.26\n' >"$w/go.mod"
+  printf '//go:build tools\n\npackage main\n\nimport (\n\t_ "%s"\n\t_ "%s"\n\t_ "%s"\n)\n' \
+    "$p/prometheus" "$p/promtool" "$h/cmd/helm" >"$w/tools.go"
+  (cd "$w" && go get "$p/prometheus@$PROMETHEUS_VERSION" "$p/promtool@$PROMETHEUS_VERSION" "$h/cmd/helm@$HELM_VERSION" >&2 &&
+    go mod tidy >&2)
+  for m in "github.com/prometheus/prometheus $PROMETHEUS_VERSION" "$h $HELM_VERSION"; do
+    [ "$(cd "$w" && go list -m -f '{{.Path}} {{.Version}}' "${m% *}")" = "$m" ] || { log "the wrapper moved ${m% *} from ${m#* }"; return 1; }
+  done
+  (cd "$w" && GOFLAGS=-buildvcs=false CGO_ENABLED=0 go build -trimpath -gcflags=all=-dwarf=false -ldflags "-s -w" -tags "$PROMETHEUS_TAGS" -o "$out/" "$p/prometheus" "$p/promtool" "$h/cmd/helm")
+  mkdir -p "$out/wrapper"
+  cp "$w/go.mod" "$w/go.sum" "$out/wrapper/"
 }
 alertmanager_recipe() {
   goinstall "$1" "github.com/prometheus/alertmanager/cmd/alertmanager@$ALERTMANAGER_VERSION" \
     "github.com/prometheus/alertmanager/cmd/amtool@$ALERTMANAGER_VERSION"
 }
-helm_recipe() { goinstall "$1" "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"; }
 staticcheck_recipe() { goinstall "$1" "honnef.co/go/tools/cmd/staticcheck@$STATICCHECK_VERSION"; }
 actionlint_recipe() { goinstall "$1" "github.com/rhysd/actionlint/cmd/actionlint@$ACTIONLINT_VERSION"; }
 cyclonedx_recipe() { goinstall "$1" "github.com/CycloneDX/cyclonedx-gomod/cmd/cyclonedx-gomod@$CYCLONEDX_GOMOD_VERSION"; }
@@ -135,7 +176,7 @@ kube_recipe() { # out work
   # shellcheck disable=SC2046,SC2086 # a list of names
   (cd "$w" && go get $(printf "k8s.io/kubernetes/cmd/%s@$K8S_VERSION " $KUBE_COMPONENTS) >&2)
   for c in $KUBE_COMPONENTS; do
-    (cd "$w" && CGO_ENABLED=0 go build -trimpath -ldflags "$ldflags" -o "$out/$c" "k8s.io/kubernetes/cmd/$c")
+    (cd "$w" && CGO_ENABLED=0 go build -trimpath -gcflags=all=-dwarf=false -ldflags "$ldflags" -o "$out/$c" "k8s.io/kubernetes/cmd/$c")
   done
 }
 
@@ -179,7 +220,7 @@ cilium_recipe() { # out work
   local ldflags="-s -w -X '$m/pkg/version.ciliumVersion=$vstamp'"
   for pair in cilium-agent:daemon cilium-cni:plugins/cilium-cni hubble-relay:hubble-relay; do
     name=${pair%%:*} pkg=${pair#*:}
-    (cd "$w" && CGO_ENABLED=0 go build -trimpath -ldflags "$ldflags" -o "$out/$name" "$m/$pkg")
+    (cd "$w" && CGO_ENABLED=0 go build -trimpath -gcflags=all=-dwarf=false -ldflags "$ldflags" -o "$out/$name" "$m/$pkg")
   done
   cilium_files "$out" "$w"
   echo "$vstamp" >"$out/.version"
@@ -198,7 +239,7 @@ cilium118_recipe() { # out work
   local ldflags="-s -w -X '$m/pkg/version.ciliumVersion=$vstamp'"
   for pair in cilium-agent:daemon cilium-cni:plugins/cilium-cni; do
     name=${pair%%:*} pkg=${pair#*:}
-    (cd "$w" && CGO_ENABLED=0 go build -trimpath -ldflags "$ldflags" -o "$out/$name" "$m/$pkg")
+    (cd "$w" && CGO_ENABLED=0 go build -trimpath -gcflags=all=-dwarf=false -ldflags "$ldflags" -o "$out/$name" "$m/$pkg")
   done
   cilium_files "$out" "$w"
   echo "$vstamp" >"$out/.version"
@@ -357,7 +398,7 @@ controllers_recipe() { # out work
       mpi-operator) ldx="-X github.com/kubeflow/mpi-operator/pkg/version.Version=$v" ;;
       *) ldx= ;;
     esac
-    (cd "$w/${s%%:*}" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w $ldx" -o "$out/$name" "$pkg")
+    (cd "$w/${s%%:*}" && CGO_ENABLED=0 go build -trimpath -gcflags=all=-dwarf=false -ldflags "-s -w $ldx" -o "$out/$name" "$pkg")
     echo "$name $pkg $v" >>"$out/VERSIONS"
   done
   # Kueue: crds/, webhook.yaml (registered by URL in the test) and
@@ -415,10 +456,19 @@ tool() {
   dir[$key]=$tools/$name-$version-${h:0:12}
   recipe[$key]=${fns%% *}
 }
+# cpuspent BEFORE AFTER: seconds of CPU (user + sys) that this shell's
+# finished children used between two outputs of bash's times (its second
+# line: the children's), each written to a file by the shell itself (in a
+# command substitution times would report the subshell's children: none).
+cpuspent() {
+  awk 'FNR == 2 { for (i = 1; i <= 2; i++) { sub(/s$/, "", $i); split($i, t, "m"); c[FILENAME] += t[1] * 60 + t[2] } }
+    END { printf "%.0f", c[ARGV[2]] - c[ARGV[1]] }' "$1" "$2"
+}
 # ensure KEY: the tool's folder, complete (.done), building it unless it is.
 # One builder per folder: the others wait on its lock, then find it done.
+# A build logs its wall time and the CPU time of its processes.
 ensure() {
-  local d=${dir[$1]} lock
+  local d=${dir[$1]} lock t0 cpu
   [ ! -f "$d/.done" ] || return 0
   exec {lock}>"$d.lock"
   if ! flock -n "$lock"; then
@@ -427,12 +477,18 @@ ensure() {
   fi
   if [ ! -f "$d/.done" ]; then
     log "building ${d##*/}${hint[$1]:+ (cold: ${hint[$1]})}"
-    rm -rf "$d.tmp" "$d.work" "$d"
+    rm -rf "$d.tmp" "$d.work" "$d" "$d.times0" "$d.times1"
     mkdir -p "$d.tmp" "$d.work"
+    t0=$SECONDS
+    times >"$d.times0"
     "${recipe[$1]}" "$d.tmp" "$d.work"
+    times >"$d.times1"
+    cpu=$(cpuspent "$d.times0" "$d.times1")
+    rm -f "$d.times0" "$d.times1"
     touch "$d.tmp/.done"
     mv "$d.tmp" "$d"
     rm -rf "$d.work"
+    log "built ${d##*/} in $((SECONDS - t0))s (${cpu}s CPU)"
   fi
   exec {lock}>&-
 }
@@ -491,9 +547,8 @@ tool controllers k8s-controllers "$KUEUE_VERSION" \
   "controllers_recipe wrapper_module buildlist semver_max align_wrappers module_dir controller_files" \
   "$ALIGN_EXCEPT" "$CONTROLLER_RUNTIME_V023" "$CONTROLLER_RUNTIME_V022" "${CONTROLLERS_V023[@]}" "${CONTROLLERS_V022[@]}" \
   -- "about 10 CPU-minutes"
-tool prometheus prometheus "$PROMETHEUS_VERSION" "prometheus_recipe goinstall" -- "minutes"
+tool prometheus prometheus-helm "$PROMETHEUS_VERSION" prometheus_recipe "$HELM_VERSION" "$PROMETHEUS_TAGS" -- "minutes"
 tool alertmanager alertmanager "$ALERTMANAGER_VERSION" "alertmanager_recipe goinstall" -- "minutes"
-tool helm helm "$HELM_VERSION" "helm_recipe goinstall" -- "minutes"
 tool staticcheck staticcheck "$STATICCHECK_VERSION" "staticcheck_recipe goinstall" -- "minutes"
 tool actionlint actionlint "$ACTIONLINT_VERSION" "actionlint_recipe goinstall" -- "a minute"
 tool cyclonedx cyclonedx-gomod "$CYCLONEDX_GOMOD_VERSION" "cyclonedx_recipe goinstall" -- "minutes"
@@ -511,7 +566,7 @@ tool crane crane "$CRANE_VERSION" "crane_recipe goinstall" -- "minutes"
 # done. schema is the dashboard schema check's npm install.
 case $mode in
   linters) queue=(staticcheck actionlint) ;;
-  *) queue=(kube cilium118 cilium controllers prometheus helm alertmanager staticcheck schema actionlint) ;;
+  *) queue=(kube cilium118 cilium controllers prometheus alertmanager staticcheck schema actionlint) ;;
 esac
 if [ "$mode" = release ]; then queue+=(cyclonedx crane); fi
 qfile=$(mktemp) && echo 0 >"$qfile"
@@ -553,7 +608,7 @@ if [ "$mode" != linters ]; then
   link "$(command -v etcd)" etcd
   for b in prometheus promtool; do link "${dir[prometheus]}/$b" "$b"; done
   for b in alertmanager amtool; do link "${dir[alertmanager]}/$b" "$b"; done
-  link "${dir[helm]}/helm" helm
+  link "${dir[prometheus]}/helm" helm
   # The Cilium lab reads its folder (binaries, lib/bpf, llvm/) through this link.
   link "${dir[cilium]}" cilium
   link "${dir[cilium118]}" cilium-1.18
