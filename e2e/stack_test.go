@@ -48,12 +48,17 @@ var (
 var lane = make(chan struct{}, 1)
 
 // inLane makes t a parallel test that runs only while it holds the lane; it
-// gives the lane back after t's own cleanups (a lab's teardown) ran.
+// gives the lane back after t's own cleanups (a lab's teardown) ran. It
+// logs how long it waited ("lane: waited D", hack/testtime's
+// LaneWaitPrefix): go test counts the wait in the test's time, make
+// test's time table leaves it out.
 func inLane(t *testing.T) {
 	t.Helper()
 	t.Parallel()
+	began := time.Now()
 	lane <- struct{}{}
 	t.Cleanup(func() { <-lane })
+	t.Logf("lane: waited %s", time.Since(began).Round(time.Millisecond))
 }
 
 func TestMain(m *testing.M) {

@@ -44,6 +44,7 @@ import (
 	"io"
 	"os"
 	"strings"
+	"time"
 )
 
 func main() {
@@ -112,7 +113,18 @@ type filter struct {
 	pkgs   map[string]*pkg
 	queue  []*pkg // packages in the order they appeared; queue[0] prints live
 	failed bool   // a package or a build failed: go test ends with "FAIL"
+
+	// waited: seconds a test said it waited for a lane (LaneWaitPrefix),
+	// by package and test; recorded times leave them out.
+	waited map[[2]string]float64
 }
+
+// LaneWaitPrefix starts the line a parallel test logs after it waited for
+// its turn in a lane of tests that run one at a time (e2e's inLane):
+// "lane: waited 12.345s". Go test counts that wait in the test's elapsed
+// time; the record leaves it out, so that the table's seconds are the
+// test's own.
+const LaneWaitPrefix = "lane: waited "
 
 // pkg is one package's output while it runs.
 type pkg struct {
@@ -207,6 +219,7 @@ func (f *filter) line(line string) {
 	p := f.pkg(e.Package)
 	switch e.Action {
 	case "output":
+		f.laneWait(e)
 		f.output(p, e)
 	case "pass", "fail", "skip":
 		f.record(e)
@@ -364,6 +377,27 @@ func (f *filter) record(e event) {
 	if f.rec == nil || e.Elapsed == nil {
 		return
 	}
+	elapsed := *e.Elapsed - f.waited[[2]string{e.Package, e.Test}]
 	// Best effort, as the opening: the output goes on if the disk is full.
-	fmt.Fprintf(f.rec, "%s\t%s\t%s\t%s\t%.3f\n", f.tier, e.Package, e.Test, e.Action, *e.Elapsed)
+	fmt.Fprintf(f.rec, "%s\t%s\t%s\t%s\t%.3f\n", f.tier, e.Package, e.Test, e.Action, max(elapsed, 0))
+}
+
+// laneWait notes a test's "lane: waited 12.345s" line (t.Logf's, after
+// the file:line prefix).
+func (f *filter) laneWait(e event) {
+	if e.Test == "" {
+		return
+	}
+	i := strings.Index(e.Output, LaneWaitPrefix)
+	if i < 0 {
+		return
+	}
+	d, err := time.ParseDuration(strings.TrimSpace(e.Output[i+len(LaneWaitPrefix):]))
+	if err != nil {
+		return
+	}
+	if f.waited == nil {
+		f.waited = map[[2]string]float64{}
+	}
+	f.waited[[2]string{e.Package, e.Test}] += d.Seconds()
 }

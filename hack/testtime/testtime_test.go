@@ -246,3 +246,28 @@ func TestTable(t *testing.T) {
 		}
 	}
 }
+
+// TestRecordLeavesOutLaneWaits: a parallel test that waited for its lane
+// (e2e's inLane logs "lane: waited D") is recorded with its own time, the
+// wait left out; its subtests and other tests keep theirs.
+func TestRecordLeavesOutLaneWaits(t *testing.T) {
+	stream := strings.Join([]string{
+		`{"Action":"run","Package":"p","Test":"TestLab"}`,
+		`{"Action":"output","Package":"p","Test":"TestLab","Output":"    stack_test.go:65: lane: waited 1m30.5s\n"}`,
+		`{"Action":"run","Package":"p","Test":"TestLab/sub"}`,
+		`{"Action":"pass","Package":"p","Test":"TestLab/sub","Elapsed":20}`,
+		`{"Action":"pass","Package":"p","Test":"TestLab","Elapsed":120.75}`,
+		`{"Action":"output","Package":"p","Test":"TestOther","Output":"    x_test.go:1: said lane: waited nonsense\n"}`,
+		`{"Action":"pass","Package":"p","Test":"TestOther","Elapsed":3}`,
+		`{"Action":"pass","Package":"p","Elapsed":124}`,
+	}, "\n") + "\n"
+	var rec bytes.Buffer
+	runFilter(t, stream, true, &rec, "e2e")
+	want := "e2e\tp\tTestLab/sub\tpass\t20.000\n" +
+		"e2e\tp\tTestLab\tpass\t30.250\n" +
+		"e2e\tp\tTestOther\tpass\t3.000\n" +
+		"e2e\tp\t\tpass\t124.000\n"
+	if rec.String() != want {
+		t.Errorf("record\n%s\nwant\n%s", rec.String(), want)
+	}
+}
