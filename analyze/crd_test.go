@@ -26,7 +26,7 @@ import (
 // analyze joins their pods to a PodGroup by label (schedulingGroupCarriers,
 // noCarrier). A CRD that keeps the field fails the test.
 func TestCRDsDropSchedulingGroup(t *testing.T) {
-	t.Parallel() // its own bed; mostly waits on the scheduler and Kueue (docs/development.md)
+	t.Parallel() // its own apiserver (scheduler, Kueue where used); mostly waits (docs/development.md)
 	bin := testenv.ToolsBin(t, "etcd", "kube-apiserver", "kueue.d")
 	api := testenv.StartAPIServer(t, testenv.WithArgs("--feature-gates", schedlab.GangFeatureGates,
 		"--runtime-config", "scheduling.k8s.io/v1beta1=true"))

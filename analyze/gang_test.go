@@ -73,7 +73,7 @@ func classify(p schedlab.Placement, zoneOf map[string]string) gangOutcome {
 // and Volcano Job get their own advice, not a PodGroup: reported apart);
 // a job that waits whole is placed whole once room appears.
 func TestGangOnRealScheduler(t *testing.T) {
-	t.Parallel() // its own bed; mostly waits on the scheduler and Kueue (docs/development.md)
+	t.Parallel() // its own apiserver (scheduler, Kueue where used); mostly waits (docs/development.md)
 	lab := schedlab.StartGang(t)
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), 12*time.Minute)

@@ -28,7 +28,7 @@ import (
 // pod set and no group, runs beside it on nodes of its own, its outcome
 // reported.
 func TestKueueManyPodSetsOnRealKueue(t *testing.T) {
-	t.Parallel() // its own bed; mostly waits on the scheduler and Kueue (docs/development.md)
+	t.Parallel() // its own apiserver (scheduler, Kueue where used); mostly waits (docs/development.md)
 	lab := kueuelab.Start(t)
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)

@@ -44,7 +44,7 @@ var kueueCases = []string{"room", "no zone fits", "zone fills", "preferred, no z
 // refuses the pod when the owner is not there (jobframework
 // FindAncestorJobManagedByKueue, ErrWorkloadOwnerNotFound).
 func TestKueueTAS(t *testing.T) {
-	t.Parallel() // its own bed; mostly waits on the scheduler and Kueue (docs/development.md)
+	t.Parallel() // its own apiserver (scheduler, Kueue where used); mostly waits (docs/development.md)
 	lab := kueuelab.Start(t)
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)

@@ -114,7 +114,7 @@ func (o outcome) String() string {
 // where the pods landed. The fix and the runbook must give one zone and no
 // Pending pod every time; the policy must leave no pod Pending.
 func TestFixOnRealScheduler(t *testing.T) {
-	t.Parallel() // its own bed; mostly waits on the scheduler and Kueue (docs/development.md)
+	t.Parallel() // its own apiserver (scheduler, Kueue where used); mostly waits (docs/development.md)
 	snippets := runbookSnippets(t)
 	lab := schedlab.Start(t)
 	start := time.Now()

@@ -32,7 +32,7 @@ import (
 // run in one zone. Before the fix, each of these gangs waited for pods
 // created only after it ran.
 func TestGangStepsOnRealScheduler(t *testing.T) {
-	t.Parallel() // its own bed; mostly waits on the scheduler and Kueue (docs/development.md)
+	t.Parallel() // its own apiserver (scheduler, Kueue where used); mostly waits (docs/development.md)
 	lab := schedlab.StartGang(t)
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
