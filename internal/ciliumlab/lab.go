@@ -218,6 +218,9 @@ func Start(ctx context.Context, cfg Config) (l *Lab, err error) {
 	if err := l.lock(ctx); err != nil {
 		return l, err
 	}
+	if err := l.sweepStale(ctx); err != nil {
+		return l, err
+	}
 	// Cilium's CRDs use the schema format idn-hostname, which the
 	// apiserver answers with a warning on each create: not ours to act on.
 	api := rest.CopyConfig(cfg.API)

@@ -33,6 +33,11 @@ func TestSandboxInPodCgroup(t *testing.T) {
 			l.Close()
 		}
 	}()
+	// Under the lab lock, as a lab: a lab starting meanwhile would take
+	// these zwl* names for a dead lab's (sweepStale).
+	if err := l.lock(context.Background()); err != nil {
+		t.Fatal(err)
+	}
 	for _, d := range []string{n.cgroup, filepath.Join(n.cgroup, "kubepods")} {
 		if err := os.Mkdir(d, 0o755); err != nil {
 			t.Fatal(err)
