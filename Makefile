@@ -65,12 +65,21 @@ test-unit:
 ## test-integration: every test but the end-to-end ones, with the tools required
 ## (kube-apiserver, promtool, helm, the schema check, real BPF maps as root)
 test-integration: tools
-	set -o pipefail; ZONEWATCH_TOOLS_BIN=$(TOOLS_BIN) ZONEWATCH_REQUIRE_TOOLS=1 $(GO) test -json -count=1 -timeout 30m $$($(GO) list ./... | grep -v '/e2e$$') | $(TESTTIME) -tier integration
-	set -o pipefail; CGO_ENABLED=1 CGO_CFLAGS="-O2 -g -Wno-deprecated-declarations" $(GO) test -json -count=1 -tags nvml ./collector/gpu/ | $(TESTTIME) -tier integration
-	@# The conntrack reader against Cilium's own ctmap types in real BPF maps (a module of its own; its real-map tests skip without root).
-	set -o pipefail; cd internal/ctmappeer && $(GO) vet ./... && $(GO) test -json -count=1 ./... | $(TESTTIME) -tier integration
-	@# The Hubble client against Cilium's own Observer, parser, filters and field mask (a module of its own).
-	set -o pipefail; cd internal/hubblepeer && $(GO) vet ./... && $(GO) test -json -count=1 ./... | $(TESTTIME) -tier integration
+	@# Beside the main run (its log printed after it): the cgo GPU adapters,
+	@# the conntrack reader against Cilium's own ctmap types in real BPF maps
+	@# and the Hubble client against Cilium's own Observer, parser, filters
+	@# and field mask (each peer a module of its own). Cold, their builds are
+	@# minutes of CPU (Cilium's packages) that the main run's waiting tests
+	@# leave idle; one after the other they were 4 minutes at the tier's end.
+	@side=$$(mktemp); set -o pipefail; ( set -o pipefail; \
+		CGO_ENABLED=1 CGO_CFLAGS="-O2 -g -Wno-deprecated-declarations" $(GO) test -json -count=1 -tags nvml ./collector/gpu/ | $(TESTTIME) -tier integration && \
+		(cd internal/ctmappeer && $(GO) vet ./... && $(GO) test -json -count=1 ./... | $(TESTTIME) -tier integration) && \
+		(cd internal/hubblepeer && $(GO) vet ./... && $(GO) test -json -count=1 ./... | $(TESTTIME) -tier integration) ) >$$side 2>&1 & pid=$$!; \
+	echo 'ZONEWATCH_TOOLS_BIN=$(TOOLS_BIN) ZONEWATCH_REQUIRE_TOOLS=1 $(GO) test -json -count=1 -timeout 30m <every package but e2e> | $(TESTTIME) -tier integration'; \
+	ZONEWATCH_TOOLS_BIN=$(TOOLS_BIN) ZONEWATCH_REQUIRE_TOOLS=1 $(GO) test -json -count=1 -timeout 30m $$($(GO) list ./... | grep -v '/e2e$$') | $(TESTTIME) -tier integration; rc=$$?; \
+	wait $$pid; src=$$?; \
+	echo '--- beside it: go test -tags nvml ./collector/gpu/, internal/ctmappeer and internal/hubblepeer (go vet, go test)'; cat $$side; rm -f $$side; \
+	[ $$rc = 0 ] && [ $$src = 0 ]
 
 ## lint: go vet (also the cgo GPU adapters), gofmt, tidy modules (every go.mod), staticcheck (pinned, staticcheck.conf), actionlint; needs only the linters
 lint: linters
