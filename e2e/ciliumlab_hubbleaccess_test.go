@@ -116,11 +116,15 @@ exec "$@"`
 		sender *ciliumlab.Pod
 		how    string
 	}{{tlsNode, workers[0], "TLS to :4244"}, {sockNode, workers[1], "socket folder of its own"}} {
-		hubble, kinds := hubbleSends(t, master, port, c.sender)
 		one := map[string]string{c.node.Name: addrs[c.node.Name]}
 		match := map[string]string{"namespace": "ml-team", "job_name": job, "verdict": "forwarded"}
 		var got float64
+		var hubble int
+		var kinds map[string]int
+		// Both sides read at each look: the agent's Hubble may record the
+		// exchange's last events (a FIN) after a first look.
 		ok := eventually(t, time.Minute, c.node.Name+" ("+c.how+"): forwarded flow events equal its Hubble's", func() (bool, string) {
+			hubble, kinds = hubbleSends(t, master, port, c.sender)
 			got = sumExporters(t, one, "zonewatch_job_flow_events_total", match)
 			return hubble > 0 && got == float64(hubble), fmt.Sprintf("exporter %g, Hubble %d %v", got, hubble, kinds)
 		})

@@ -114,6 +114,14 @@ func (r *identityReader) lookup(id uint32) (Labels, bool) {
 	return e.labels, e.labels != nil
 }
 
+// inFlight reports whether a read of id is queued or running.
+func (r *identityReader) inFlight(id uint32) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	el := r.entries[id]
+	return el != nil && el.Value.(*idEntry).pending
+}
+
 // has reports whether an identity is known, without asking for an
 // unknown one; a known one due again is read again (a deleted identity
 // then leaves: the remote job it named ends).

@@ -218,6 +218,26 @@ func (s *Set) Name(egress bool, subject, peer uint32, proto uint8, port uint16) 
 	return v
 }
 
+// NamePending reports whether naming a drop between the identities waits
+// on a read by name that is queued or running (Name names nothing until
+// it lands; it asks for the read when the identity is not known): the
+// caller may hold the drop and name it once the read is in. A known-absent
+// identity (404) or a dropped read is not pending.
+func (s *Set) NamePending(subject, peer uint32) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.reader == nil {
+		return false
+	}
+	pending := false
+	for _, id := range []uint32{subject, peer} {
+		if _, ok := s.labelsOf(id); !ok && cluster(id) && s.reader.inFlight(id) {
+			pending = true
+		}
+	}
+	return pending
+}
+
 // DenyingIDs returns every policy that alone denies a default-deny drop
 // between the identities, uncapped (Name's value names MaxNamed and
 // counts the rest); nil when an identity's labels are not known.

@@ -1,5 +1,7 @@
 package hubble
 
+import "strconv"
+
 // Values of the policy_source label: who named the policy of a drop.
 const (
 	// PolicySourceCilium: Cilium named it (ingress_denied_by /
@@ -18,6 +20,40 @@ const (
 // deny it.
 type Fences interface {
 	Name(egress bool, subject, peer uint32, proto uint8, port uint16) string
+}
+
+// FencesPending is what a Fences that reads identities by name also says
+// (a *fence.Set does): whether naming a drop between the identities waits
+// on such a read. The aggregator then holds the drop (hold.go) and counts
+// it once the name is in, or when the hold window ends.
+type FencesPending interface {
+	NamePending(subject, peer uint32) bool
+}
+
+// fencePod is the pod a job's default-deny drop is held for while its
+// policy's name waits on an identity read by name: the drop's other side
+// (Hubble's name for it, else its identity), so that it is counted with
+// its policy once the read lands, not as a drop no policy was found for.
+func (a *Aggregator) fencePod(f *Fields, r *Result) (podRef, bool) {
+	p, ok := a.fences.(FencesPending)
+	if !ok || !r.PolicyDrop() || r.PolicyName != "" || r.Reason != ReasonPolicyDenied {
+		return podRef{}, false
+	}
+	subject, peer, ep := f.Dst.Identity, f.Src.Identity, &f.Src
+	switch r.Direction {
+	case DirectionEgress:
+		subject, peer, ep = f.Src.Identity, f.Dst.Identity, &f.Dst
+	case DirectionIngress:
+	default:
+		return podRef{}, false
+	}
+	if subject == 0 || peer == 0 || !p.NamePending(subject, peer) {
+		return podRef{}, false
+	}
+	if ep.PodName != "" {
+		return podRef{ep.Namespace, ep.PodName}, true
+	}
+	return podRef{"", "identity/" + strconv.FormatUint(uint64(peer), 10)}, true
 }
 
 // SetFences makes the aggregator name the policies behind default-deny

@@ -131,7 +131,7 @@ func (a *Aggregator) holdLocked(f *Fields, r *Result) (held bool, reason string)
 	if h == nil {
 		return false, uncountedNoJob
 	}
-	pod, ok := heldPod(f, r)
+	pod, ok := a.heldPod(f, r)
 	if !ok {
 		return false, uncountedNoJob
 	}
@@ -163,9 +163,12 @@ func (a *Aggregator) holdLocked(f *Fields, r *Result) (held bool, reason string)
 // heldPod is the pod a flow is held for: for a flow of a job, the other
 // side (farPod); else the side on this node, else the source, else the
 // destination, that Hubble names as a pod.
-func heldPod(f *Fields, r *Result) (podRef, bool) {
+func (a *Aggregator) heldPod(f *Fields, r *Result) (podRef, bool) {
 	if r.Job != nil {
-		return farPod(f, r)
+		if p, ok := farPod(f, r); ok {
+			return p, true
+		}
+		return a.fencePod(f, r)
 	}
 	first, second := &f.Src, &f.Dst
 	if r.Local == SideDestination {
@@ -211,7 +214,7 @@ func (a *Aggregator) retryLocked(now time.Time) {
 	for i := range h.flows {
 		hf := &h.flows[i]
 		r := a.cls.classify(&hf.f, false)
-		_, waits := heldPod(&hf.f, &r)
+		_, waits := a.heldPod(&hf.f, &r)
 		switch {
 		case r.Count == NotCounted:
 			a.m.uncounted(uncountedKind)

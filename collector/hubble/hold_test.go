@@ -317,3 +317,91 @@ func TestDropFromAPodOfNoJobHeldOnceThenCounted(t *testing.T) {
 	}
 	accounted(t, a)
 }
+
+// pendingFences names every default-deny drop once its identity read is in
+// (pending false), nothing before: the per-node view's reads by name.
+type pendingFences struct {
+	pending bool
+	name    string
+}
+
+func (p *pendingFences) Name(bool, uint32, uint32, uint8, uint16) string {
+	if p.pending {
+		return ""
+	}
+	return p.name
+}
+func (p *pendingFences) NamePending(uint32, uint32) bool { return p.pending }
+
+// defaultDenySYN is a default-deny drop (Cilium names no policy) of
+// llm-blocked's worker to its master, as the master's node reports it.
+func defaultDenySYN() []*flowpb.Flow {
+	var out []*flowpb.Flow
+	for _, ev := range []int32{eventPolicyVerdict, eventDrop} {
+		f := flowOf("gpu-b1", llmWorker, llmMaster, flowpb.Verdict_DROPPED, ev)
+		f.DropReasonDesc, f.TrafficDirection = flowpb.DropReason_POLICY_DENIED, flowpb.TrafficDirection_INGRESS
+		f.Source.Identity, f.Destination.Identity = 40001, 40002
+		out = append(out, f)
+	}
+	return out
+}
+
+// TestDefaultDenyDropHeldWhileItsIdentityIsRead: in the per-node view an
+// identity is read by name when a drop first names it (collector/fence);
+// the job's drops that arrive before the read lands are held and counted
+// with the policy's name once it is in (the lab's fence kinds counted the
+// first 1-2 drops of each fence with policy="" before), and a read that
+// never lands costs the name, never the drop.
+func TestDefaultDenyDropHeldWhileItsIdentityIsRead(t *testing.T) {
+	for _, lands := range []bool{true, false} {
+		t.Run(fmt.Sprintf("read lands %v", lands), func(t *testing.T) {
+			a, clk := holdingAggregator(indexOf(testScenario()), "gpu-b1")
+			fences := &pendingFences{pending: true, name: "ml-team/fence"}
+			a.SetFences(fences)
+			for range 3 {
+				for _, f := range defaultDenySYN() {
+					a.Observe(f)
+				}
+			}
+			if h, n := a.Held(), a.Drops().Len(); h != 3 || n != 0 {
+				t.Fatalf("while the read is pending: held %d, %d drop series; want the 3 drops held, none counted", h, n)
+			}
+			accounted(t, a)
+			wait := time.Second
+			if lands {
+				fences.pending = false
+			} else {
+				wait = DefaultHold
+			}
+			clk.advance(wait)
+			a.Retry()
+			var named, unnamed float64
+			a.Drops().Each(func(k DropKey, v float64) {
+				if k.Job != "llm-blocked" || k.Direction != DirectionIngress {
+					t.Errorf("drop series %+v", k)
+				}
+				if k.PolicyName == "ml-team/fence" && k.PolicySource == PolicySourceSelected {
+					named += v
+				} else if k.PolicyName == "" {
+					unnamed += v
+				}
+			})
+			want := [2]float64{3, 0}
+			if !lands {
+				want = [2]float64{0, 3}
+			}
+			if h := a.Held(); h != 0 || [2]float64{named, unnamed} != want {
+				t.Fatalf("after the retry: held %d, drops named %g, unnamed %g; want 0, %g, %g", h, named, unnamed, want[0], want[1])
+			}
+			accounted(t, a)
+			// Once named, later drops are counted at once.
+			fences.pending = false
+			for _, f := range defaultDenySYN() {
+				a.Observe(f)
+			}
+			if h := a.Held(); h != 0 {
+				t.Errorf("a drop with its identity in was held")
+			}
+		})
+	}
+}
