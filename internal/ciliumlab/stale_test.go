@@ -47,7 +47,9 @@ func TestSweepStaleLeftovers(t *testing.T) {
 		_ = exec.Command("ip", "link", "del", link).Run()
 		_ = removeCgroupTree(cg, time.Now().Add(5*time.Second))
 	})
-	for _, c := range [][]string{{"ip", "netns", "add", ns}, {"ip", "link", "add", link, "type", "dummy"}} {
+	// The host end of a veth whose other end is in the namespace, as a
+	// lab's node has it.
+	for _, c := range [][]string{{"ip", "netns", "add", ns}, {"ip", "link", "add", link, "type", "veth", "peer", "name", "eth0", "netns", ns}} {
 		if out, err := exec.Command(c[0], c[1:]...).CombinedOutput(); err != nil {
 			t.Fatalf("%v: %v %s", c, err, out)
 		}
