@@ -207,7 +207,7 @@ func TestIdentityReadsBounded(t *testing.T) {
 	t.Run("denied", func(t *testing.T) {
 		// A ServiceAccount no role is bound to: every read is refused.
 		sa := api.ServiceAccount(t, "monitoring", "no-rights")
-		var logs syncBuffer
+		var logs testenv.SyncBuffer
 		g := &gets{n: map[string]int{}}
 		c := rest.CopyConfig(sa.Config)
 		c.WrapTransport = g.wrap
@@ -303,22 +303,4 @@ func BenchmarkNamePendingRead(b *testing.B) {
 	for b.Loop() {
 		s.Name(false, 1001, 4242, ProtoTCP, 29500)
 	}
-}
-
-// syncBuffer is a log sink safe for the reader's workers.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
