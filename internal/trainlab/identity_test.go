@@ -394,8 +394,20 @@ func (v *viewer) replaced(ctx context.Context, ns string, desc func(*corev1.Pod)
 	})
 }
 
+// exit ends p's container with code once the kubelet stand-in runs it: a
+// pod the index holds may still be Pending (the stand-in starts a pod after
+// its binding; seen: "pod batch/train-1-... is Pending, not Running").
 func (v *viewer) exit(ctx context.Context, p *corev1.Pod, code int32) {
 	v.t.Helper()
+	v.until(ctx, func() (bool, string) {
+		pods, _ := v.bed.Pods(p.Namespace)
+		for _, q := range pods {
+			if q.UID == p.UID {
+				return q.Status.Phase == corev1.PodRunning, fmt.Sprintf("pod %s/%s is %s", q.Namespace, q.Name, q.Status.Phase)
+			}
+		}
+		return false, fmt.Sprintf("pod %s/%s is gone", p.Namespace, p.Name)
+	})
 	if err := v.bed.Kubelet.Exit(ctx, p.Namespace, p.Name, code); err != nil {
 		v.t.Fatal(err)
 	}
