@@ -224,8 +224,8 @@ func (s *Set) Name(egress bool, subject, peer uint32, proto uint8, port uint16) 
 // caller may hold the drop and name it once the read is in. A known-absent
 // identity (404) or a dropped read is not pending.
 func (s *Set) NamePending(subject, peer uint32) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.mu.RLock() // as Labels: the reader has a lock of its own
+	defer s.mu.RUnlock()
 	if s.reader == nil {
 		return false
 	}

@@ -39,21 +39,30 @@ func (a *Aggregator) fencePod(f *Fields, r *Result) (podRef, bool) {
 	if !ok || !r.PolicyDrop() || r.PolicyName != "" || r.Reason != ReasonPolicyDenied {
 		return podRef{}, false
 	}
-	subject, peer, ep := f.Dst.Identity, f.Src.Identity, &f.Src
-	switch r.Direction {
-	case DirectionEgress:
-		subject, peer, ep = f.Src.Identity, f.Dst.Identity, &f.Dst
-	case DirectionIngress:
-	default:
+	subject, peer, _, far, ok := fenceSides(r, f)
+	if !ok || !p.NamePending(subject, peer) {
 		return podRef{}, false
 	}
-	if subject == 0 || peer == 0 || !p.NamePending(subject, peer) {
-		return podRef{}, false
-	}
-	if ep.PodName != "" {
-		return podRef{ep.Namespace, ep.PodName}, true
+	if far.PodName != "" {
+		return podRef{far.Namespace, far.PodName}, true
 	}
 	return podRef{"", "identity/" + strconv.FormatUint(uint64(peer), 10)}, true
+}
+
+// fenceSides gives a policy drop's denying endpoint's identity (subject:
+// the destination of an ingress drop, the source of an egress one), the
+// other side's (peer) and its fields; false for a drop of no direction or
+// with an identity unknown to Hubble.
+func fenceSides(r *Result, f *Fields) (subject, peer uint32, egress bool, far *EndpointFields, ok bool) {
+	switch r.Direction {
+	case DirectionIngress:
+		subject, peer, far = f.Dst.Identity, f.Src.Identity, &f.Src
+	case DirectionEgress:
+		subject, peer, egress, far = f.Src.Identity, f.Dst.Identity, true, &f.Dst
+	default:
+		return 0, 0, false, nil, false
+	}
+	return subject, peer, egress, far, subject != 0 && peer != 0
 }
 
 // SetFences makes the aggregator name the policies behind default-deny
@@ -69,15 +78,8 @@ func (a *Aggregator) nameFence(r *Result, f *Fields) {
 	if a.fences == nil || r.Reason != ReasonPolicyDenied {
 		return
 	}
-	subject, peer, egress := f.Dst.Identity, f.Src.Identity, false
-	switch r.Direction {
-	case DirectionEgress:
-		subject, peer, egress = f.Src.Identity, f.Dst.Identity, true
-	case DirectionIngress:
-	default:
-		return
-	}
-	if subject == 0 || peer == 0 {
+	subject, peer, egress, _, ok := fenceSides(r, f)
+	if !ok {
 		return
 	}
 	port := uint16(0)
