@@ -7,6 +7,16 @@ VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -X github.com/prometheus/common/version.Version=$(VERSION) \
 	-X github.com/prometheus/common/version.Revision=$(shell git rev-parse --short HEAD 2>/dev/null) \
 	-X github.com/prometheus/common/version.Branch=$(shell git rev-parse --abbrev-ref HEAD 2>/dev/null)
+# One set of build flags for every Go build and test of the module, so that
+# go vet's, the tests', make build's, the e2e tests' and the image's amd64
+# exporter compile each package once (cold, a CI run compiled the
+# exporter's dependencies twice for amd64: cgo on for vet and the tests, off
+# for the image; 275 CPU-seconds each) and without DWARF (13 % less compile
+# CPU; stack traces and pprof read the symbol table, not DWARF; for a
+# debugger: make test GOFLAGS=-trimpath). The cgo GPU adapters
+# (-tags nvml) set CGO_ENABLED=1 where they are built.
+export CGO_ENABLED ?= 0
+export GOFLAGS ?= -trimpath -gcflags=all=-dwarf=false -ldflags=-w
 # Generated artifacts: committed, regenerated and diffed by `make test`.
 GENERATED := rules dashboards deploy docs/flags.md
 # make test's time table (hack/testtime): each tier's wall time (tiers.tsv),

@@ -85,8 +85,7 @@ func denyFence(exempt bool) string {
 // namespace).
 func chartCNP(t *testing.T, defaults bool) string {
 	t.Helper()
-	_, file, _, _ := runtime.Caller(0)
-	root := filepath.Join(filepath.Dir(file), "..")
+	root := testenv.RepoRoot()
 	helm := filepath.Join(testenv.ToolsBin(t, "helm"), "helm")
 	args := []string{"template", "zonewatch", filepath.Join(root, "deploy", "helm", "zonewatch"),
 		"--namespace", "zonewatch", "--set", "ciliumNetworkPolicy.enabled=true", "--show-only", "templates/ciliumnetworkpolicy.yaml"}

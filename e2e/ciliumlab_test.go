@@ -11,7 +11,6 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -191,8 +190,7 @@ func tailOf(path string, n int) string {
 // (the chart's defaults), with the given flags replaced.
 func chartArgs(t *testing.T, replace map[string]string) []string {
 	t.Helper()
-	_, file, _, _ := runtime.Caller(0)
-	b, err := os.ReadFile(filepath.Join(filepath.Dir(file), "..", "deploy", "manifests", "daemonset.yaml"))
+	b, err := os.ReadFile(filepath.Join(testenv.RepoRoot(), "deploy", "manifests", "daemonset.yaml"))
 	if err != nil {
 		t.Fatal(err)
 	}

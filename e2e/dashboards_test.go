@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"runtime"
 	"sort"
 	"strings"
 	"testing"
@@ -14,6 +13,7 @@ import (
 	"github.com/prometheus/common/model"
 
 	"github.com/zonewatch/zonewatch/dashboards"
+	"github.com/zonewatch/zonewatch/internal/testenv"
 	"github.com/zonewatch/zonewatch/rules"
 )
 
@@ -35,8 +35,7 @@ type templateVar struct {
 // over [from, to]. Each query must parse and return data for at least one
 // choice of values.
 func checkDashboards(t *testing.T, p *prom, snapshot, from, to time.Time) {
-	_, file, _, _ := runtime.Caller(0)
-	files, err := filepath.Glob(filepath.Join(filepath.Dir(file), "..", "dashboards", "json", "*.json"))
+	files, err := filepath.Glob(filepath.Join(testenv.RepoRoot(), "dashboards", "json", "*.json"))
 	if err != nil || len(files) == 0 {
 		t.Fatalf("no generated dashboards found (%v)", err)
 	}
@@ -121,9 +120,8 @@ func checkDashboards(t *testing.T, p *prom, snapshot, from, to time.Time) {
 // the blocked job pages, Hubble was down on hubbleFailNode and the GPU
 // source on gpuFailNode (so the blocked job's data has a gap).
 func checkHealthPanels(t *testing.T, p *prom, snapshot time.Time) {
-	_, file, _, _ := runtime.Caller(0)
 	read := func(uid string) []byte {
-		b, err := os.ReadFile(filepath.Join(filepath.Dir(file), "..", "dashboards", "json", uid+".json"))
+		b, err := os.ReadFile(filepath.Join(testenv.RepoRoot(), "dashboards", "json", uid+".json"))
 		if err != nil {
 			t.Fatal(err)
 		}

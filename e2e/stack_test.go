@@ -10,7 +10,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -77,10 +76,10 @@ func exporterBinary(t *testing.T) string {
 		if buildDir, buildErr = os.MkdirTemp("", "zonewatch-e2e-"); buildErr != nil {
 			return
 		}
-		_, file, _, _ := runtime.Caller(0)
-		root := filepath.Join(filepath.Dir(file), "..")
+		root := testenv.RepoRoot()
 		exporterBin = filepath.Join(buildDir, "zonewatch-exporter")
-		// Plain flags, so the build shares the cache of `go test ./...`.
+		// The environment's flags (the Makefile's CGO_ENABLED and
+		// GOFLAGS), so the build shares the cache of `go test ./...`.
 		cmd := exec.Command("go", "build", "-o", exporterBin, "./cmd/exporter")
 		cmd.Dir = root
 		if out, err := cmd.CombinedOutput(); err != nil {

@@ -388,6 +388,21 @@ func (c *Client) session(ctx context.Context, since time.Time, reconnect bool) (
 	defer conn.Close()
 	obs := observerpb.NewObserverClient(conn)
 
+	// The session is established once a message arrived or once it has
+	// stayed up for quietUp (its wait for a first event included): its
+	// reconnect is counted then, once.
+	var established atomic.Bool
+	var once sync.Once
+	establish := func() {
+		once.Do(func() {
+			established.Store(true)
+			if reconnect {
+				c.m.Reconnects.Inc()
+				c.logger.Info("hubble flow stream re-established", "address", c.cfg.Address, "since", since)
+			}
+		})
+	}
+
 	statusAt := time.Now()
 	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	st, err := obs.ServerStatus(sctx, &observerpb.ServerStatusRequest{})
@@ -402,8 +417,14 @@ func (c *Client) session(ctx context.Context, since time.Time, reconnect bool) (
 			c.logger.Warn("hubble relay cannot reach some nodes; their flows are missing", "count", n, "nodes", st.GetUnavailableNodes())
 		}
 		if st.GetNumConnectedNodes() == nil && st.GetNumFlows() == 0 {
-			if err := c.awaitFirstEvent(ctx, obs); err != nil {
-				return false, err
+			// The wait reads as up (awaitFirstEvent sets openedAt): a
+			// reconnect to a restarted agent's empty ring is counted once
+			// it has lasted quietUp, as a quiet stream's is.
+			wait := time.AfterFunc(c.quietUp, establish)
+			err := c.awaitFirstEvent(ctx, obs)
+			wait.Stop()
+			if err != nil {
+				return established.Load(), err
 			}
 			if since.IsZero() {
 				// Every event in the ring came after the status that
@@ -451,17 +472,8 @@ func (c *Client) session(ctx context.Context, since time.Time, reconnect bool) (
 	// first (a refused peer or filter, a Relay with no node) is a failed
 	// connection, backed off like one.
 	opened := time.Now()
-	c.openedAt.Store(opened.UnixNano())
-	var established atomic.Bool
-	var once sync.Once
-	establish := func() {
-		once.Do(func() {
-			established.Store(true)
-			if reconnect {
-				c.m.Reconnects.Inc()
-				c.logger.Info("hubble flow stream re-established", "address", c.cfg.Address, "since", since)
-			}
-		})
+	if !established.Load() {
+		c.openedAt.Store(opened.UnixNano())
 	}
 	// A quiet stream (a restarted agent's empty ring) is established once
 	// it has stayed open for quietUp, when Up reads it so: its reconnect

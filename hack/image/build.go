@@ -358,7 +358,9 @@ func goBuild(src, goos, goarch, version, rev string, created time.Time) ([]byte,
 		"-X", v + ".BuildUser=zonewatch",
 		"-X", v + ".BuildDate=" + created.Format("20060102-15:04:05"),
 	}, " ")
-	cmd := exec.Command("go", "build", "-trimpath", "-buildvcs=false", "-mod=readonly", "-ldflags", ldflags, "-o", out, mainPkg)
+	// No DWARF (-s -w drops it anyway): the flags of the Makefile's GOFLAGS,
+	// so the tests' compile of the packages serves the amd64 build.
+	cmd := exec.Command("go", "build", "-trimpath", "-buildvcs=false", "-mod=readonly", "-gcflags=all=-dwarf=false", "-ldflags", ldflags, "-o", out, mainPkg)
 	cmd.Dir = src
 	cmd.Env = append(os.Environ(),
 		"CGO_ENABLED=0", "GOOS="+goos, "GOARCH="+goarch,

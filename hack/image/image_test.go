@@ -23,6 +23,8 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/google/go-containerregistry/pkg/v1/types"
+
+	"github.com/zonewatch/zonewatch/internal/testenv"
 )
 
 // built is one build of HEAD's image, shared by the tests of this file
@@ -72,8 +74,7 @@ func TestMain(m *testing.M) {
 }
 
 func repoRoot(t *testing.T) string {
-	_, file, _, _ := runtime.Caller(0)
-	return filepath.Join(filepath.Dir(file), "..", "..")
+	return testenv.RepoRoot()
 }
 
 // TestImageLayout reads the OCI layout back and checks the index, each

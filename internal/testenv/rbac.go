@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
-	"runtime"
 	"testing"
 	"time"
 
@@ -207,8 +206,7 @@ type ChartRBAC struct {
 
 // ManifestsDir is deploy/manifests in this repository.
 func ManifestsDir() string {
-	_, file, _, _ := runtime.Caller(0)
-	return filepath.Join(filepath.Dir(file), "..", "..", "deploy", "manifests")
+	return filepath.Join(RepoRoot(), "deploy", "manifests")
 }
 
 // LoadChartRBAC reads the chart's RBAC objects from deploy/manifests.

@@ -15,7 +15,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -35,8 +34,7 @@ func ToolsBin(t testing.TB, tools ...string) string {
 	Integration(t)
 	dir := os.Getenv("ZONEWATCH_TOOLS_BIN")
 	if dir == "" {
-		_, file, _, _ := runtime.Caller(0)
-		dir = filepath.Join(filepath.Dir(file), "..", "..", ".tools", "bin")
+		dir = filepath.Join(RepoRoot(), ".tools", "bin")
 	}
 	for _, tool := range tools {
 		if _, err := os.Stat(filepath.Join(dir, tool)); err != nil {
@@ -72,8 +70,7 @@ func RealData(t testing.TB, sub string) string {
 	t.Helper()
 	root := os.Getenv("ZONEWATCH_REALDATA")
 	if root == "" {
-		_, file, _, _ := runtime.Caller(0)
-		root = filepath.Join(filepath.Dir(file), "..", "..", "..", "shared", "realdata")
+		root = filepath.Join(RepoRoot(), "..", "shared", "realdata")
 	}
 	root = filepath.Clean(root)
 	if _, err := os.Stat(root); err != nil {
