@@ -219,6 +219,9 @@ type PlacementPending interface {
 // count to an unknown zone; once the node is read, in that node's zone.
 // The side is Hubble's pod, else its address.
 func (a *Aggregator) placePod(f *Fields, r *Result) (podRef, bool) {
+	if !r.SrcUnresolved && !r.DstUnresolved {
+		return podRef{}, false
+	}
 	p, ok := a.topo.(PlacementPending)
 	if !ok {
 		return podRef{}, false
