@@ -78,11 +78,10 @@ type peerNodes struct {
 	endpoints map[netip.Addr]*endpointLookup
 	// podAsked: when an address was last looked up through its own pod
 	// (asked again only after addrRetry).
-	podAsked  map[netip.Addr]time.Time
-	podSwept  time.Time
-	lookups   chan addrLookup
-	limit     flowcontrol.RateLimiter
-	lookupMax int
+	podAsked map[netip.Addr]time.Time
+	podSwept time.Time
+	lookups  chan addrLookup
+	limit    flowcontrol.RateLimiter
 
 	// denied logs a read the ClusterRole refuses as the informers' are
 	// (once, at error level, with the rule to add); nil: a warning.
@@ -112,10 +111,10 @@ type endpointLookup struct {
 // the ipcache places behind it.
 type addrLookup struct{ endpoint, addr netip.Addr }
 
-// Bounds of the lookups of an address's node: each costs the apiserver a
-// filtered LIST of pods, so a burst of unknown addresses is queued (one
+// Bounds of the lookups of an address's node: each costs the apiserver
+// one or two filtered LISTs of pods, so a burst of unknown addresses is queued (one
 // lookup per tunnel endpoint at a time, at most lookupQueue waiting: more
-// are dropped and asked again by their next miss) and read at most
+// are dropped and asked again by their next miss), their LISTs at most
 // lookupQPS a second on average (bursts of lookupBurst).
 const (
 	addrRetry   = 5 * time.Minute
