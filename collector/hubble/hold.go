@@ -226,20 +226,22 @@ func (a *Aggregator) placePod(f *Fields, r *Result) (podRef, bool) {
 	if !ok {
 		return podRef{}, false
 	}
-	for _, s := range [2]struct {
-		unresolved bool
-		ip         string
-		ep         *EndpointFields
-	}{{r.SrcUnresolved, f.SrcIP, &f.Src}, {r.DstUnresolved, f.DstIP, &f.Dst}} {
-		if !s.unresolved || !p.PlacementPending(parseAddr(s.ip)) {
-			continue
-		}
-		if s.ep.PodName != "" {
-			return podRef{s.ep.Namespace, s.ep.PodName}, true
-		}
-		return podRef{"", "address/" + s.ip}, true
+	if r.DstUnresolved && p.PlacementPending(parseAddr(f.DstIP)) {
+		return sidePod(f.Dst.Namespace, f.Dst.PodName, f.DstIP), true
+	}
+	if r.SrcUnresolved && p.PlacementPending(parseAddr(f.SrcIP)) {
+		return sidePod(f.Src.Namespace, f.Src.PodName, f.SrcIP), true
 	}
 	return podRef{}, false
+}
+
+// sidePod names a flow's side for the hold: Hubble's pod, else its
+// address.
+func sidePod(namespace, pod, ip string) podRef {
+	if pod != "" {
+		return podRef{namespace, pod}
+	}
+	return podRef{"", "address/" + ip}
 }
 
 // retryLocked classifies the held flows again: those the view now gives a
