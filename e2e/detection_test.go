@@ -150,6 +150,8 @@ func startExporterWithoutGPU(t *testing.T, bin, dir, kubeconfig string, f *nodeF
 		"--hubble.address=unix://"+f.hubbleSock,
 		"--gpu.source=none",
 		"--no-probe.enabled",
+		// No ipcache map is pinned (startExporter): every node watched.
+		"--kube.node-view=cluster",
 		"--conntrack.bpffs-path="+f.bpfDir,
 		"--conntrack.poll-interval=1s",
 		"--conntrack.layout=combined",

@@ -66,8 +66,9 @@ func testRulesConfig() rules.Config {
 		// Longer than the informers take to sync at start.
 		KubernetesSourceDown: time.Minute,
 		// The exporters here read no ipcache map (none is pinned where
-		// they look), but the pod CIDRs place every address: no flow goes
-		// unplaced, so no scenario may raise it.
+		// they look), but they watch every node (startExporter) and the
+		// pod CIDRs place every address: no flow goes unplaced, so no
+		// scenario may raise it.
 		IPCacheSourceDown:     10 * time.Second,
 		SourceDownOnManyNodes: 10 * time.Second,
 	}

@@ -200,6 +200,12 @@ func startExporter(t *testing.T, bin, dir, kubeconfig, gpuPageURL string, f *nod
 		"--gpu.podresources-socket="+f.podresSock,
 		// Each read may take an interval: 2s rides out a starved machine.
 		"--gpu.interval=2s",
+		// No ipcache map is pinned for these fakes (the ipcache source is
+		// down): the lean node view (the default) would leave remote pods
+		// on nodes it does not hold unplaced, and rightly raise
+		// ZonewatchIPCacheSourceDown; watching every node, the pod CIDRs
+		// place every address (docs/topology.md).
+		"--kube.node-view=cluster",
 		"--conntrack.bpffs-path="+f.bpfDir,
 		"--conntrack.poll-interval=1s",
 		// The fakes write Cilium 1.16+ entries; saying so keeps the source

@@ -175,8 +175,9 @@ type Index struct {
 	// remote is set in the per-node view (SetRemote): addresses that are
 	// no pod of a job held are placed through the node's ipcache.
 	remote *remoteView
-	// nodeMiss (SetNodeMiss) is told of tunnel endpoints of no node held.
-	nodeMiss func(netip.Addr)
+	// nodeReads (SetNodeReads) is told of tunnel endpoints of no node
+	// held.
+	nodeReads NodeReads
 }
 
 // NewIndex returns an empty index.

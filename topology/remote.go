@@ -187,13 +187,45 @@ func (x *Index) SetRemoteFeeds(f RemoteFeeds) {
 	x.remote.feeds = f
 }
 
-// SetNodeMiss asks miss (which must not block) for the node of a tunnel
-// endpoint the ipcache names and the index does not hold: a per-node view
-// that reads only the nodes it needs (collector/kube PeerNodes).
-func (x *Index) SetNodeMiss(miss func(netip.Addr)) {
+// NodeReads finds, on demand, the nodes a per-node view that reads only
+// the nodes it needs does not hold (collector/kube PeerNodes). The index
+// calls it under its lock: it must not block nor call into the index.
+type NodeReads interface {
+	// Miss asks for the node behind endpoint, the tunnel endpoint the
+	// ipcache names for addr, which no node held has.
+	Miss(endpoint, addr netip.Addr)
+	// Pending reports whether the node behind endpoint is being looked
+	// up or read: an address behind it is placed once that is done.
+	Pending(endpoint netip.Addr) bool
+}
+
+// SetNodeReads makes the index ask r for the node behind a tunnel
+// endpoint the ipcache names and the index does not hold. Call it before
+// the index is used.
+func (x *Index) SetNodeReads(r NodeReads) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	x.nodeMiss = miss
+	x.nodeReads = r
+}
+
+// PlacementPending reports whether placing a waits on a read of its
+// node: the ipcache names a tunnel endpoint for it that no node held has,
+// and the node behind it is being looked up or read (SetNodeReads). A
+// flow to such an address is worth holding for a moment: counted now, it
+// would count to an unknown zone.
+func (x *Index) PlacementPending(a netip.Addr) bool {
+	a = a.Unmap()
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	if x.remote == nil || x.nodeReads == nil {
+		return false
+	}
+	ent, ok := x.remote.ipc.Lookup(a)
+	if !ok || !ent.NodeIP.IsValid() || ent.NodeIP.IsUnspecified() {
+		return false
+	}
+	ep := ent.NodeIP.Unmap()
+	return x.nodeIPs[ep] == nil && x.nodeReads.Pending(ep)
 }
 
 // SetRemoteOwners makes the per-node view name a remote pod's job after
@@ -246,8 +278,8 @@ func (x *Index) remoteLocked(a netip.Addr) (Endpoint, bool) {
 	switch {
 	case ent.NodeIP.IsValid() && !ent.NodeIP.IsUnspecified():
 		n = x.nodeIPs[ent.NodeIP.Unmap()]
-		if n == nil && x.nodeMiss != nil {
-			x.nodeMiss(ent.NodeIP.Unmap())
+		if n == nil && x.nodeReads != nil {
+			x.nodeReads.Miss(ent.NodeIP.Unmap(), a)
 		}
 	case localEndpoint(a, ent):
 		n = x.nodes[r.node]

@@ -49,6 +49,9 @@ func startKube(ctx context.Context, w *wiring, in *inputs, rules []topology.Rule
 			return nil, fmt.Errorf("setting up informers: %w", err)
 		}
 		w.self.MustRegister(remoteJobs{live})
+		if live.ReadsPeerNodes() {
+			w.self.MustRegister(peerNodeReads{live})
+		}
 		logger.Info("per-node view: watching this node's pods and its jobs' pods", "node", w.nodeName)
 	} else {
 		live, factories, err = kube.NewLive(in.kube, w.index, rules, resync, logger)
@@ -168,6 +171,40 @@ func (c remoteJobs) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(remoteDemandsDesc, prometheus.CounterValue, float64(st.Started), "started")
 	ch <- prometheus.MustNewConstMetric(remoteDemandsDesc, prometheus.CounterValue, float64(st.Deferred), "deferred")
 	ch <- prometheus.MustNewConstMetric(remoteDemandsDesc, prometheus.CounterValue, float64(st.Dropped), "dropped")
+}
+
+var (
+	nodeReadsDesc = prometheus.NewDesc("zonewatch_kube_node_reads_total",
+		"LISTs of the lean node view (--kube.node-view=peers), by what they read: a node by name (name), host-network pods by a tunnel endpoint's address (tunnel_endpoint), the pod with an address being placed (pod_address).",
+		[]string{"by"}, nil)
+	nodeLookupsDesc = prometheus.NewDesc("zonewatch_kube_node_lookups_total",
+		"Lookups of the node behind a tunnel endpoint the ipcache names (--kube.node-view=peers), by result: found, unresolved (no host-network pod has the endpoint's address and no pod the address), failed (asked again at the next miss), dropped (256 waiting: asked again at the next miss).",
+		[]string{"result"}, nil)
+)
+
+// peerNodeReads exports the lean node view's reads and lookups
+// (collector/kube's nodes.go).
+type peerNodeReads struct{ l *kube.Live }
+
+func (c peerNodeReads) Describe(ch chan<- *prometheus.Desc) {
+	ch <- nodeReadsDesc
+	ch <- nodeLookupsDesc
+}
+
+func (c peerNodeReads) Collect(ch chan<- prometheus.Metric) {
+	st := c.l.PeerNodeReads()
+	for _, v := range []struct {
+		by string
+		n  int64
+	}{{"name", st.ByName}, {"tunnel_endpoint", st.ByEndpoint}, {"pod_address", st.ByPodAddress}} {
+		ch <- prometheus.MustNewConstMetric(nodeReadsDesc, prometheus.CounterValue, float64(v.n), v.by)
+	}
+	for _, v := range []struct {
+		result string
+		n      int64
+	}{{"found", st.Found}, {"unresolved", st.Unresolved}, {"failed", st.Failed}, {"dropped", st.Dropped}} {
+		ch <- prometheus.MustNewConstMetric(nodeLookupsDesc, prometheus.CounterValue, float64(v.n), v.result)
+	}
 }
 
 // kubeFeed is the Kubernetes source: up once every informer has synced

@@ -110,13 +110,13 @@ func TestSimulatedExporter(t *testing.T) {
 	for _, m := range tableMetric.FindAllStringSubmatch(doc(t, "metrics.md"), -1) {
 		documented[m[1]] = true
 	}
-	// The ipcache reader and the remote jobs' feeds run in the per-node
-	// view only (--node-name set), which this run is not: their families
-	// are documented but not served here (TestMetricsDocMatchesCode checks
-	// them against the code).
+	// The ipcache reader, the remote jobs' feeds and the lean node view
+	// run in the per-node view only (--node-name set), which this run is
+	// not: their families are documented but not served here
+	// (TestMetricsDocMatchesCode checks them against the code).
 	perNodeOnly := map[string]bool{}
 	for name, d := range declaredMetrics(t) {
-		if d.pkg == "collector/ipcache" || strings.HasPrefix(name, "zonewatch_kube_remote_job") {
+		if d.pkg == "collector/ipcache" || strings.HasPrefix(name, "zonewatch_kube_remote_job") || strings.HasPrefix(name, "zonewatch_kube_node_") {
 			perNodeOnly[name] = true
 		}
 	}

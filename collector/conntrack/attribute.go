@@ -125,65 +125,111 @@ func (p *Poller) forgetRecent(now time.Time) {
 	}
 }
 
+// PlacementPending is what an Index that reads nodes on demand also says
+// (a *topology.Index with collector/kube's PeerNodes does): whether
+// placing an address waits on a read of its node.
+type PlacementPending interface {
+	PlacementPending(netip.Addr) bool
+}
+
+// Bounds of the deltas that wait for their peer's node (waitingDelta):
+// how long at most (the flows that name the peer ask for its node a
+// round trip or two before), and how many at once (beyond, a delta is
+// counted as it places then).
+const (
+	placeWait  = 20 * time.Second
+	maxWaiting = 4096
+)
+
+// waitingDelta is a job's delta whose peer's node was being read when it
+// was polled: counted at a later poll, in that node's zone once it is
+// in, or as it places then after placeWait.
+type waitingDelta struct {
+	pending
+	until time.Time
+}
+
 // count attributes the poll's deltas to jobs. Every delta lands in a job
 // or in an unattributed reason, except the ingress entries of connections
 // a Cilium endpoint opened: its own node counts their bytes, from its
-// egress entry.
+// egress entry. A job's delta whose peer waits on a read of its node
+// waits, at most placeWait, and is counted at a later poll.
 func (p *Poller) count(pr *pollRun) {
-	var noJob, notLocal, outside, service uint64
-	for _, d := range pr.pending {
-		if d.bytes > d.limit {
-			p.m.errors.WithLabelValues(reasonImplausible).Inc()
-			continue
-		}
-		t := d.tuple
-		local, peer := t.Src, t.Dst
-		openerIsPeer := false
-		if t.Ingress() {
-			switch {
-			case d.acceptorTx:
-				// tx_bytes of an ingress entry: what the acceptor sent.
-				local, peer = t.Dst, t.Src
-			case d.both || !endpointIdentity(d.secID) && !p.openerIsPod(t.Src):
-				// Opened by no Cilium endpoint: the host network of a node
-				// (host, remote-node, kube-apiserver, or world on a node's
-				// cilium_host address), or outside the cluster. No egress
-				// entry holds these bytes: the acceptor's node counts both
-				// directions, with the opener's zone as src_zone.
-				if !hostIdentity(d.secID) {
-					if _, ok := p.idx.LookupIP(t.Src); !ok {
-						outside += d.bytes
-						continue
-					}
-				}
-				local, peer, openerIsPeer = t.Dst, t.Src, true
-			default:
-				// Combined, opened by a Cilium endpoint: its node counts it.
-				continue
-			}
-		}
-		le := p.lookup(local, pr.now)
-		if le.Node == "" || (p.cfg.Node != "" && le.Node != p.cfg.Node) {
-			notLocal += d.bytes
-			continue
-		}
-		if le.Job == nil {
-			noJob += d.bytes
-			continue
-		}
-		pe := p.lookup(peer, pr.now)
-		if pe.Service != nil && !pe.Known() {
-			service += d.bytes
-			continue
-		}
-		src, dst := le.Zone, pe.Zone
-		if openerIsPeer {
-			src, dst = dst, src
-		}
-		p.bytes.Add(bytesKey{le.Job.Namespace, le.Job.Name, src, dst, topology.Locality(le, pe)}, float64(d.bytes))
+	var u unattributed
+	pp, _ := p.idx.(PlacementPending)
+	waiting := p.waiting
+	p.waiting = p.waitSpare[:0]
+	for i := range waiting {
+		p.countOne(pr, &waiting[i].pending, pp, waiting[i].until, &u)
 	}
-	p.m.unattributed.WithLabelValues(unattrNoJob).Add(float64(noJob))
-	p.m.unattributed.WithLabelValues(unattrNotLocal).Add(float64(notLocal))
-	p.m.unattributed.WithLabelValues(unattrOutside).Add(float64(outside))
-	p.m.unattributed.WithLabelValues(unattrService).Add(float64(service))
+	clear(waiting)
+	p.waitSpare = waiting[:0]
+	for i := range pr.pending {
+		p.countOne(pr, &pr.pending[i], pp, pr.now.Add(placeWait), &u)
+	}
+	p.m.unattributed.WithLabelValues(unattrNoJob).Add(float64(u.noJob))
+	p.m.unattributed.WithLabelValues(unattrNotLocal).Add(float64(u.notLocal))
+	p.m.unattributed.WithLabelValues(unattrOutside).Add(float64(u.outside))
+	p.m.unattributed.WithLabelValues(unattrService).Add(float64(u.service))
+}
+
+// unattributed sums one count's bytes by unattributed reason.
+type unattributed struct{ noJob, notLocal, outside, service uint64 }
+
+// countOne attributes one delta (count); pp (nil: none) says whether its
+// peer waits on a read of its node, which it may until until.
+func (p *Poller) countOne(pr *pollRun, d *pending, pp PlacementPending, until time.Time, u *unattributed) {
+	if d.bytes > d.limit {
+		p.m.errors.WithLabelValues(reasonImplausible).Inc()
+		return
+	}
+	t := d.tuple
+	local, peer := t.Src, t.Dst
+	openerIsPeer := false
+	if t.Ingress() {
+		switch {
+		case d.acceptorTx:
+			// tx_bytes of an ingress entry: what the acceptor sent.
+			local, peer = t.Dst, t.Src
+		case d.both || !endpointIdentity(d.secID) && !p.openerIsPod(t.Src):
+			// Opened by no Cilium endpoint: the host network of a node
+			// (host, remote-node, kube-apiserver, or world on a node's
+			// cilium_host address), or outside the cluster. No egress
+			// entry holds these bytes: the acceptor's node counts both
+			// directions, with the opener's zone as src_zone.
+			if !hostIdentity(d.secID) {
+				if _, ok := p.idx.LookupIP(t.Src); !ok {
+					u.outside += d.bytes
+					return
+				}
+			}
+			local, peer, openerIsPeer = t.Dst, t.Src, true
+		default:
+			// Combined, opened by a Cilium endpoint: its node counts it.
+			return
+		}
+	}
+	le := p.lookup(local, pr.now)
+	if le.Node == "" || (p.cfg.Node != "" && le.Node != p.cfg.Node) {
+		u.notLocal += d.bytes
+		return
+	}
+	if le.Job == nil {
+		u.noJob += d.bytes
+		return
+	}
+	pe := p.lookup(peer, pr.now)
+	if pe.Service != nil && !pe.Known() {
+		u.service += d.bytes
+		return
+	}
+	if pe.Node == "" && pp != nil && pr.now.Before(until) && len(p.waiting) < maxWaiting && pp.PlacementPending(peer) {
+		p.waiting = append(p.waiting, waitingDelta{*d, until})
+		return
+	}
+	src, dst := le.Zone, pe.Zone
+	if openerIsPeer {
+		src, dst = dst, src
+	}
+	p.bytes.Add(bytesKey{le.Job.Namespace, le.Job.Name, src, dst, topology.Locality(le, pe)}, float64(d.bytes))
 }

@@ -42,7 +42,10 @@ type Poller struct {
 	tables map[string]*tableState
 	epoch  uint32    // polls made; tables mark the entries each one saw
 	spare  []pending // the last poll's deltas, emptied: reused, not state
-	names  []string  // maps of the last poll
+	// waiting are deltas of jobs whose peer's node was being read
+	// (count); waitSpare the emptied buffer of the last count's.
+	waiting, waitSpare []waitingDelta
+	names              []string // maps of the last poll
 	// layout is the forced layout, or the last one decided for any map:
 	// maps without a decision of their own use it (layoutOf), as the
 	// same datapath writes them all.

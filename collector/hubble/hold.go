@@ -2,6 +2,7 @@ package hubble
 
 import (
 	"context"
+	"net/netip"
 	"strings"
 	"time"
 )
@@ -21,8 +22,10 @@ import (
 // held the same way, for that pod: counted with its peer and zones once
 // the view places the pod, or, when the window ends first (a pod of no
 // job), counted as it classifies then; counted at once it would be a drop
-// from a peer outside the job, in an unknown zone. The window runs per
-// pod, from the first flow of it that found no job, so a pod of no job
+// from a peer outside the job, in an unknown zone. A job's flow whose
+// other side waits on a read of its node (the lean node view's: a pod on
+// a node not held yet) is held the same way, for that side, and counted
+// in the node's zone once it is in. The window runs per pod, from the first flow of it that found no job, so a pod of no job
 // holds its flows once, in its first seconds, and never again; every flow
 // is either counted or counted in zonewatch_hubble_flows_uncounted_total
 // with its reason.
@@ -161,14 +164,17 @@ func (a *Aggregator) holdLocked(f *Fields, r *Result) (held bool, reason string)
 }
 
 // heldPod is the pod a flow is held for: for a flow of a job, the other
-// side (farPod); else the side on this node, else the source, else the
-// destination, that Hubble names as a pod.
+// side (farPod, fencePod, placePod); else the side on this node, else the
+// source, else the destination, that Hubble names as a pod.
 func (a *Aggregator) heldPod(f *Fields, r *Result) (podRef, bool) {
 	if r.Job != nil {
 		if p, ok := farPod(f, r); ok {
 			return p, true
 		}
-		return a.fencePod(f, r)
+		if p, ok := a.fencePod(f, r); ok {
+			return p, true
+		}
+		return a.placePod(f, r)
 	}
 	first, second := &f.Src, &f.Dst
 	if r.Local == SideDestination {
@@ -198,6 +204,44 @@ func farPod(f *Fields, r *Result) (podRef, bool) {
 		return podRef{}, false
 	}
 	return podRef{ep.Namespace, ep.PodName}, true
+}
+
+// PlacementPending is what a Topology that reads nodes on demand also
+// says (a *topology.Index with collector/kube's PeerNodes does): whether
+// placing an address waits on a read of its node.
+type PlacementPending interface {
+	PlacementPending(netip.Addr) bool
+}
+
+// placePod is the pod a job's flow is held for while the view reads the
+// node of its side that it cannot place yet (the first flow to a pod on a
+// node the lean node view does not hold): counted now, the flow would
+// count to an unknown zone; once the node is read, in that node's zone.
+// The side is Hubble's pod, else its address.
+func (a *Aggregator) placePod(f *Fields, r *Result) (podRef, bool) {
+	if !r.SrcUnresolved && !r.DstUnresolved {
+		return podRef{}, false
+	}
+	p, ok := a.topo.(PlacementPending)
+	if !ok {
+		return podRef{}, false
+	}
+	if r.DstUnresolved && p.PlacementPending(parseAddr(f.DstIP)) {
+		return sidePod(f.Dst.Namespace, f.Dst.PodName, f.DstIP), true
+	}
+	if r.SrcUnresolved && p.PlacementPending(parseAddr(f.SrcIP)) {
+		return sidePod(f.Src.Namespace, f.Src.PodName, f.SrcIP), true
+	}
+	return podRef{}, false
+}
+
+// sidePod names a flow's side for the hold: Hubble's pod, else its
+// address.
+func sidePod(namespace, pod, ip string) podRef {
+	if pod != "" {
+		return podRef{namespace, pod}
+	}
+	return podRef{"", "address/" + ip}
 }
 
 // retryLocked classifies the held flows again: those the view now gives a

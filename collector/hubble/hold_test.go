@@ -405,3 +405,92 @@ func TestDefaultDenyDropHeldWhileItsIdentityIsRead(t *testing.T) {
 		})
 	}
 }
+
+// tunnelIPCache is a node's ipcache naming remote addresses' tunnel
+// endpoints.
+type tunnelIPCache map[netip.Addr]netip.Addr
+
+func (c tunnelIPCache) Lookup(a netip.Addr) (topology.RemoteEntry, bool) {
+	ep, ok := c[a]
+	return topology.RemoteEntry{NodeIP: ep, Identity: 70000, Bits: 32}, ok
+}
+
+// nodeReads stands for the lean node view (collector/kube's PeerNodes,
+// tested against the real kube-apiserver there): it says whether the node
+// behind a tunnel endpoint is being read.
+type nodeReads struct {
+	pending bool
+	misses  int
+}
+
+func (r *nodeReads) Miss(netip.Addr, netip.Addr) { r.misses++ }
+func (r *nodeReads) Pending(netip.Addr) bool     { return r.pending }
+
+// TestJobFlowHeldWhileItsPeersNodeIsRead: a job's flow to a pod on a node
+// the lean node view does not hold yet (a dataset server in another zone)
+// is held while that node is read, then counted in the node's zone; when
+// the read does not land within the hold window it is counted to an
+// unknown zone, never lost; once the node is in, flows are counted at once.
+func TestJobFlowHeldWhileItsPeersNodeIsRead(t *testing.T) {
+	for _, lands := range []bool{true, false} {
+		t.Run(fmt.Sprintf("read lands %v", lands), func(t *testing.T) {
+			s := testScenario()
+			x := topology.NewIndex()
+			node := func(n sim.Node) topology.Node {
+				return topology.Node{Name: n.Name, Zone: n.Zone, Region: s.Region, Addresses: []netip.Addr{n.IP}, PodCIDRs: []netip.Prefix{n.PodCIDR}}
+			}
+			c1 := s.Nodes[4]
+			for _, n := range s.Nodes[:4] {
+				x.UpsertNode(node(n))
+			}
+			dataset := podEP{"data", "dataset-0", "10.244.7.9", c1.Name}
+			x.SetRemote("gpu-a1", tunnelIPCache{addr(dataset.ip): c1.IP}, nil, topology.DefaultRules())
+			reads := &nodeReads{pending: true}
+			x.SetNodeReads(reads)
+			for _, p := range s.Jobs[0].Pods {
+				x.UpsertPod(0, topology.Pod{Namespace: p.Namespace, Name: p.Name, Node: p.Node, IPs: []netip.Addr{p.IP},
+					Identity: topology.Identity{Kind: s.Jobs[0].Kind, Name: s.Jobs[0].Name, Role: p.Role}})
+			}
+			a, clk := holdingAggregator(x, "gpu-a1")
+			send := func() { a.Observe(trace("gpu-a1", resWorker, dataset, flowpb.TraceObservationPoint_TO_OVERLAY, false)) }
+			for range 3 {
+				send()
+			}
+			if h, n := a.Held(), a.Events().Len(); h != 3 || n != 0 || reads.misses == 0 {
+				t.Fatalf("while the node is read: held %d, %d event series, %d misses; want 3 held, none counted, the node asked for", h, n, reads.misses)
+			}
+			accounted(t, a)
+			wait := time.Second
+			if lands {
+				x.UpsertNode(node(c1))
+				reads.pending = false
+			} else {
+				wait = DefaultHold
+			}
+			clk.advance(wait)
+			a.Retry()
+			got := map[string]float64{}
+			a.Events().Each(func(k EventKey, v float64) {
+				if k.Job != "resnet-healthy" || k.SrcZone != zoneA {
+					t.Errorf("event series %+v", k)
+				}
+				got[k.DstZone] += v
+			})
+			want := map[string]float64{topology.UnknownZone: 3}
+			if lands {
+				want = map[string]float64{zoneC: 3}
+			}
+			if h := a.Held(); h != 0 || fmt.Sprint(got) != fmt.Sprint(want) {
+				t.Fatalf("after the retry: held %d, events by dst_zone %v; want 0, %v", h, got, want)
+			}
+			accounted(t, a)
+			if lands {
+				send()
+				if h, v := a.Held(), a.Events().Value(EventKey{Namespace: "ml-team", Job: "resnet-healthy", SrcZone: zoneA, DstZone: zoneC,
+					Locality: "cross_zone", Peer: PeerCluster, Verdict: VerdictForwarded}); h != 0 || v != 4 {
+					t.Errorf("a flow once the node is in: held %d, %g events in zone-c; want 0 held, 4", h, v)
+				}
+			}
+		})
+	}
+}

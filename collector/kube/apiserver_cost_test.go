@@ -359,8 +359,9 @@ func TestAPIServerCost(t *testing.T) {
 	}
 	const localNode = "node-00007"
 	var modes []*mode
-	// daemonset-allnodes is the DaemonSet before the lean node view
-	// (--kube.node-view=cluster): logged, no cost line.
+	// daemonset is the DaemonSet as the chart runs it (its node view,
+	// peers); daemonset-allnodes is --kube.node-view=cluster, the default
+	// before: logged, no cost line.
 	for _, name := range []string{"relay", "daemonset-allnodes", "daemonset"} {
 		m := &mode{name: name, tr: newTraffic(), index: topology.NewIndex()}
 		syncStart := time.Now()
@@ -817,11 +818,28 @@ func runExporter(t *testing.T, id *testenv.Identity, bin, build, node, env strin
 	return proc("VmRSS")
 }
 
+// chartNodeView is the node view (--kube.node-view) the chart's rendered
+// DaemonSet runs: the daemonset mode's cost line measures it.
+func chartNodeView() (string, error) {
+	path := filepath.Join(testenv.ManifestsDir(), "daemonset.yaml")
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "- --kube.node-view="); ok {
+			return v, nil
+		}
+	}
+	return "", fmt.Errorf("%s sets no --kube.node-view", path)
+}
+
 // startExporterSet starts the informers an exporter runs by default in a
 // mode, as cmd/exporter wires them (startKube, the fence part), and waits
 // for their first sync: relay (the cluster-wide view), daemonset (the
-// per-node view with the lean node view: --kube.pod-view=node,
-// --kube.node-view=peers) or daemonset-allnodes (--kube.node-view=cluster);
+// per-node view with the chart's node view: --kube.pod-view=node and the
+// rendered DaemonSet's --kube.node-view, peers) or daemonset-allnodes
+// (--kube.node-view=cluster);
 // each with the owner informers (metadata only), the Service and
 // EndpointSlice informers and the fence's policy informers and, in relay
 // mode, its identity informer (the per-node view reads identities by name).
@@ -846,8 +864,14 @@ func startExporterSet(ctx context.Context, base *rest.Config, wrap func(http.Rou
 		l, fs, err = kube.NewLive(client, index, rules, 0, logger)
 	case "daemonset", "daemonset-allnodes":
 		index.SetRemote(node, noIPCache{}, nil, rules)
-		var opts []kube.LocalOption
+		view := "cluster"
 		if mode == "daemonset" {
+			if view, err = chartNodeView(); err != nil {
+				return nil, nil, err
+			}
+		}
+		var opts []kube.LocalOption
+		if view == "peers" {
 			opts = append(opts, kube.PeerNodes(0))
 		}
 		l, fs, err = kube.NewLocal(client, index, rules, node, 0, logger, opts...)

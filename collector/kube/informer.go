@@ -190,6 +190,7 @@ func (l *Live) Run(ctx context.Context, factories []informers.SharedInformerFact
 	}
 	if l.peers != nil {
 		go l.peers.run(ctx)
+		go l.peers.runLookups(ctx)
 	}
 	for _, f := range factories {
 		f.Start(ctx.Done())

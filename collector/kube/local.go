@@ -116,7 +116,7 @@ func NewLocal(client kubernetes.Interface, index *topology.Index, rules []topolo
 		l.peers.mu.Lock()
 		l.peers.holdLocked(node)
 		l.peers.mu.Unlock()
-		index.SetNodeMiss(l.peers.addr)
+		index.SetNodeReads(l.peers)
 	}
 	pf := informers.NewSharedInformerFactoryWithOptions(client, resync,
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) {

@@ -20,22 +20,27 @@ import (
 	"github.com/zonewatch/zonewatch/topology"
 )
 
-// peerIPCache is an ipcache naming one remote address's tunnel endpoint.
-type peerIPCache struct{ addr, nodeIP netip.Addr }
+// peerIPCache is an ipcache naming remote addresses' tunnel endpoints.
+type peerIPCache map[netip.Addr]netip.Addr
 
 func (c peerIPCache) Lookup(a netip.Addr) (topology.RemoteEntry, bool) {
-	if a != c.addr {
+	ep, ok := c[a]
+	if !ok {
 		return topology.RemoteEntry{}, false
 	}
-	return topology.RemoteEntry{NodeIP: c.nodeIP, Identity: 70000, Bits: 32}, true
+	return topology.RemoteEntry{NodeIP: ep, Identity: 70000, Bits: 32}, true
 }
 
 // TestPeerNodes runs the per-node view with the lean node view
 // (kube.PeerNodes) on the real kube-apiserver, as the chart's identity:
-// of six nodes it holds its own and those of its job's pods, never
+// of seven nodes it holds its own and those of its job's pods, never
 // watches a node, finds the node behind a tunnel endpoint its ipcache
-// names through that node's host-network pod, and lets a node go with
-// the last pod it held there.
+// names through that node's host-network pod or, on a node that runs
+// none (a pod of no job on another zone's node: a dataset server), through
+// the pod with the address being placed, after which every address behind
+// that endpoint is placed without another read, also where the endpoint
+// is none of the node's addresses; and lets a node go with the last pod
+// it held there.
 func TestPeerNodes(t *testing.T) {
 	api := testenv.StartAPIServer(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -45,7 +50,7 @@ func TestPeerNodes(t *testing.T) {
 		t.Fatal(err)
 	}
 	nodeIP := func(i int) string { return fmt.Sprintf("10.0.0.%d", 10+i) }
-	for i := range 6 {
+	for i := range 7 {
 		n, err := admin.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("node-%d", i),
 			Labels: map[string]string{kube.LabelZone: fmt.Sprintf("zone-%d", i%3)}}}, metav1.CreateOptions{})
 		if err != nil {
@@ -80,6 +85,18 @@ func TestPeerNodes(t *testing.T) {
 	pod("j-2", "node-2", "10.1.2.1", job(2), false)
 	pod("agent-4", "node-4", nodeIP(4), map[string]string{"k8s-app": "cilium"}, true)
 	pod("web-3", "node-3", "10.1.3.1", map[string]string{"app": "web"}, false)
+	pod("dataset-5", "node-5", "10.1.5.9", map[string]string{"app": "dataset"}, false)
+	// A pod that finished with the address a pod on node-6 may have now:
+	// it names no node.
+	pod("old-6", "node-6", "10.1.6.1", map[string]string{"app": "batch"}, false)
+	old, err := admin.CoreV1().Pods("ml").Get(ctx, "old-6", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	old.Status.Phase = corev1.PodSucceeded
+	if _, err := admin.CoreV1().Pods("ml").UpdateStatus(ctx, old, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
 
 	id := api.ChartIdentity(t, nil)
 	cfg := rest.CopyConfig(id.Config)
@@ -94,8 +111,19 @@ func TestPeerNodes(t *testing.T) {
 	}
 	client := kubernetes.NewForConfigOrDie(cfg)
 	index := topology.NewIndex()
-	remote := netip.MustParseAddr("10.1.4.7") // a pod of no job on node-4
-	index.SetRemote("node-0", peerIPCache{remote, netip.MustParseAddr(nodeIP(4))}, nil, topology.DefaultRules())
+	addr := netip.MustParseAddr
+	remote := addr("10.1.4.7")   // a pod of no job on node-4, with an agent-like pod
+	dataset := addr("10.1.5.9")  // dataset-5 on node-5, which runs no host-network pod
+	behind5 := addr("10.1.5.10") // an address behind node-5's tunnel endpoint, of no pod
+	// node-3's tunnel endpoint is none of its addresses (a second
+	// interface): web-3's pod names the node, whose read holds the
+	// endpoint too.
+	tunnel3 := addr("10.0.9.3")
+	behind3 := addr("10.1.3.2")
+	gone := addr("10.1.6.1") // only a finished pod had it: no node
+	ipc := peerIPCache{remote: addr(nodeIP(4)), dataset: addr(nodeIP(5)), behind5: addr(nodeIP(5)),
+		addr("10.1.3.1"): tunnel3, behind3: tunnel3, gone: addr(nodeIP(6))}
+	index.SetRemote("node-0", ipc, nil, topology.DefaultRules())
 	l, fs, err := kube.NewLocal(client, index, topology.DefaultRules(), "node-0", 0, slog.New(slog.DiscardHandler), kube.PeerNodes(0))
 	if err != nil {
 		t.Fatal(err)
@@ -122,20 +150,47 @@ func TestPeerNodes(t *testing.T) {
 	}
 	// A tunnel endpoint of no node held: the first lookup asks, a later
 	// one places it.
-	eventually("the tunnel endpoint's node resolved", func() bool {
-		e, ok := index.LookupIP(remote)
-		return ok && e.Node == "node-4" && e.Zone == "zone-1"
-	})
+	placed := func(a netip.Addr, node, zone string) func() bool {
+		return func() bool {
+			e, ok := index.LookupIP(a)
+			return ok && e.Node == node && e.Zone == zone
+		}
+	}
+	eventually("the tunnel endpoint's node resolved through its host-network pod", placed(remote, "node-4", "zone-1"))
+	eventually("the dataset pod's node resolved through the pod", placed(dataset, "node-5", "zone-2"))
+	if index.PlacementPending(dataset) {
+		t.Errorf("%s is placed and still pending", dataset)
+	}
+	st := l.PeerNodeReads()
+	if e, ok := index.LookupIP(behind5); !ok || e.Node != "node-5" {
+		t.Errorf("%s, behind node-5's tunnel endpoint, placed %+v %v, want node-5 at once", behind5, e, ok)
+	}
+	eventually("web-3's node resolved through the pod", placed(addr("10.1.3.1"), "node-3", "zone-0"))
+	if e, ok := index.LookupIP(behind3); !ok || e.Node != "node-3" {
+		t.Errorf("%s, behind node-3's tunnel endpoint %s (none of its addresses), placed %+v %v, want node-3 at once", behind3, tunnel3, e, ok)
+	}
+	index.LookupIP(gone)
+	eventually("the finished pod's address given up", func() bool { return l.PeerNodeReads().Unresolved == 1 && !index.PlacementPending(gone) })
+	if e, ok := index.LookupIP(gone); ok {
+		t.Errorf("%s, of a finished pod only, placed %+v", gone, e)
+	}
+	if after := l.PeerNodeReads(); after.ByEndpoint-st.ByEndpoint != 2 || after.ByPodAddress-st.ByPodAddress != 2 {
+		t.Errorf("after node-5 was placed: %d reads by tunnel endpoint, %d by pod address; want 2 and 2 (node-3's and the finished pod's: none for %s)",
+			after.ByEndpoint-st.ByEndpoint, after.ByPodAddress-st.ByPodAddress, behind5)
+	}
 	if err := admin.CoreV1().Pods("ml").Delete(ctx, "j-2", metav1.DeleteOptions{GracePeriodSeconds: new(int64)}); err != nil {
 		t.Fatal(err)
 	}
-	eventually("node-2 let go with its last held pod", func() bool { return fmt.Sprint(names()) == "[node-0 node-1 node-4]" })
-	byName, byAddr, unresolved := l.PeerNodeReads()
-	t.Logf("node reads: %d by name, %d by address (%d unresolved); node watches %d", byName, byAddr, unresolved, nodeWatches.Load())
+	eventually("node-2 let go with its last held pod", func() bool { return fmt.Sprint(names()) == "[node-0 node-1 node-3 node-4 node-5]" })
+	st = l.PeerNodeReads()
+	t.Logf("node reads: %d by name, %d by tunnel endpoint, %d by pod address; lookups %d found, %d unresolved, %d failed, %d dropped; node watches %d",
+		st.ByName, st.ByEndpoint, st.ByPodAddress, st.Found, st.Unresolved, st.Failed, st.Dropped, nodeWatches.Load())
 	if nodeWatches.Load() != 0 {
 		t.Errorf("%d watches of nodes, want none", nodeWatches.Load())
 	}
-	if byAddr != 1 || unresolved != 0 {
-		t.Errorf("%d reads by address (%d unresolved), want 1 (0)", byAddr, unresolved)
+	// One lookup per tunnel endpoint: node-4's by its agent, node-5's,
+	// node-3's and node-6's by the pod (node-6's finding none).
+	if st.ByEndpoint != 4 || st.ByPodAddress != 3 || st.Found != 3 || st.Unresolved != 1 || st.Failed != 0 || st.Dropped != 0 {
+		t.Errorf("lookups: %+v; want 4 by tunnel endpoint, 3 by pod address, 3 found, 1 unresolved", st)
 	}
 }
