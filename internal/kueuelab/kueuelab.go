@@ -90,6 +90,7 @@ const (
 	FrameworkPyTorchJob = "kubeflow.org/pytorchjob"
 	FrameworkTFJob      = "kubeflow.org/tfjob"
 	FrameworkRayCluster = "ray.io/raycluster"
+	FrameworkMPIJob     = "kubeflow.org/mpijob"
 )
 
 var frameworkWebhooks = map[string]string{
@@ -98,6 +99,7 @@ var frameworkWebhooks = map[string]string{
 	FrameworkPyTorchJob: "-kubeflow-org-v1-pytorchjob",
 	FrameworkTFJob:      "-kubeflow-org-v1-tfjob",
 	FrameworkRayCluster: "-ray-io-v1-raycluster",
+	FrameworkMPIJob:     "-kubeflow-org-v2beta1-mpijob",
 }
 
 func root(t testing.TB) {

@@ -68,6 +68,7 @@ var adviceControllers = map[string]func(t *testing.T, bed *trainlab.Bed){
 	"jobset v0.11.1":           func(t *testing.T, bed *trainlab.Bed) { bed.StartJobSet(t) },
 	"training-operator v1.9.3": func(t *testing.T, bed *trainlab.Bed) { bed.StartTrainingOperator(t) },
 	"kuberay v1.6.0":           func(t *testing.T, bed *trainlab.Bed) { bed.StartKubeRay(t) },
+	"mpi-operator v0.8.0":      func(t *testing.T, bed *trainlab.Bed) { bed.StartMPIOperator(t) },
 }
 
 var adviceKinds = []adviceKind{
@@ -90,9 +91,10 @@ var adviceKinds = []adviceKind{
 // (the advice merged into the manifest and the job re-created; the
 // PodGroup created first; the queue, Topology and flavor in place), the
 // real controller making the pods (JobSet v0.11.1 through the Job
-// controller, training-operator v1.9.3, KubeRay v1.6.0), the real
-// scheduler placing them. Every cell (kind x advice x case) has nodes and
-// a namespace of its own on one bed, and all run at once: a small GPU zone
+// controller, training-operator v1.9.3, KubeRay v1.6.0; MPI Operator
+// v0.8.0 in TestAdviceCellsMPIJob), the real scheduler placing them.
+// Every cell (kind x advice x case) has nodes and a namespace of its own
+// on one bed, and all run at once: a small GPU zone
 // (one node of 8 GPUs), a roomy one (two), a CPU zone; the job CPU-only
 // coordinators and four workers of 4 GPUs (16 GPUs), split unfixed (the
 // coordinators in the CPU zone). Cases: one zone has room; no zone fits
@@ -107,14 +109,32 @@ var adviceKinds = []adviceKind{
 // test fails on a split, stuck or half-placed cell of the gang or Kueue,
 // and on any cell that is not wantCell's.
 func TestAdviceCells(t *testing.T) {
-	start := time.Now()
-	bed := trainlab.Start(t, trainlab.WithGang())
-	var frameworks, names []string
-	kinds := adviceKinds
+	t.Parallel() // its own bed; mostly waits (beside TestAdviceCellsMPIJob)
+	runAdviceCells(t, adviceKinds)
+}
+
+// TestAdviceCellsMPIJob: TestAdviceCells's cells for an MPIJob v2beta1 (a
+// CPU-only launcher, four workers of 4 GPUs) on MPI Operator v0.8.0, on
+// a bed of its own: its MPIJob CRD has the name of training-operator's.
+func TestAdviceCellsMPIJob(t *testing.T) {
+	t.Parallel() // its own bed; mostly waits (beside TestAdviceCells)
+	runAdviceCells(t, []adviceKind{{name: "MPIJob", short: "mpijob", gvr: trainlab.MPIJobGVR, pods: 5, manifest: adviceMPIJob,
+		controller: "mpi-operator v0.8.0", framework: kueuelab.FrameworkMPIJob, suspend: []string{"spec", "runPolicy", "suspend"}}})
+}
+
+// runAdviceCells starts a bed with the kinds' controllers and runs their
+// cells, all at once.
+func runAdviceCells(t *testing.T, kinds []adviceKind) {
 	if only := os.Getenv("ZONEWATCH_ADVICE_KINDS"); only != "" {
 		// To debug some kinds: their controllers and cells only.
 		kinds = slices.DeleteFunc(slices.Clone(kinds), func(k adviceKind) bool { return !slices.Contains(strings.Split(only, ","), k.name) })
+		if len(kinds) == 0 {
+			t.Skipf("ZONEWATCH_ADVICE_KINDS=%s names none of this test's kinds", only)
+		}
 	}
+	start := time.Now()
+	bed := trainlab.Start(t, trainlab.WithGang())
+	var frameworks, names []string
 	for _, k := range kinds {
 		if !slices.Contains(names, k.controller) {
 			adviceControllers[k.controller](t, bed)
@@ -524,6 +544,28 @@ func kubeflowJob(kind, container string, coordinators ...string) func(ns, cell s
 			"apiVersion": "kubeflow.org/v1", "kind": kind, "metadata": map[string]any{"name": "train", "namespace": ns},
 			"spec": map[string]any{"runPolicy": map[string]any{"cleanPodPolicy": "Running"}, field: specs},
 		}
+	}
+}
+
+// adviceMPIJob: the same job as an MPIJob v2beta1 of MPI Operator v0.8.0:
+// a CPU-only launcher (a batch Job, created at start) and four workers of
+// 4 GPUs.
+func adviceMPIJob(ns, cell string) map[string]any {
+	spec := func(name string, n int, gpus int64) map[string]any {
+		c := map[string]any{"name": name, "image": "registry.example.com/mpi:1",
+			"resources": map[string]any{"requests": map[string]any{"cpu": "2", "memory": "8Gi"}}}
+		s := map[string]any{"containers": []any{c}, "nodeSelector": map[string]any{schedlab.LabelCell: cell}}
+		if gpus > 0 {
+			c["resources"] = map[string]any{"requests": map[string]any{"cpu": "4", "memory": "32Gi", "nvidia.com/gpu": gpus},
+				"limits": map[string]any{"nvidia.com/gpu": gpus}}
+			s["tolerations"] = []any{map[string]any{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}}
+		}
+		return map[string]any{"replicas": n, "restartPolicy": "Never", "template": map[string]any{"spec": s}}
+	}
+	return map[string]any{
+		"apiVersion": "kubeflow.org/v2beta1", "kind": "MPIJob", "metadata": map[string]any{"name": "train", "namespace": ns},
+		"spec": map[string]any{"slotsPerWorker": 1, "runPolicy": map[string]any{"cleanPodPolicy": "Running"},
+			"mpiReplicaSpecs": map[string]any{"Launcher": spec("launcher", 1, 0), "Worker": spec("worker", 4, 4)}},
 	}
 }
 
