@@ -674,8 +674,12 @@ func (c *adviceCell) analyze(ctx context.Context, ns string) (string, error) {
 	return "", fmt.Errorf("analyze reports no job in %s: %+v", ns, rep.Jobs)
 }
 
-// deleteJob deletes the job as kubectl does and waits until it and its
-// pods are gone.
+// deleteJob deletes the job as kubectl does and waits until it, its pods
+// and its Services are gone. A controller that finds a Service of the old
+// job when it makes the new one's fails and retries with a growing
+// backoff: a RayCluster re-created while the garbage collector was still
+// deleting the old head Service got no pod for two minutes in one of
+// three runs (KubeRay v1.6.0 makes the Services before the pods).
 func (c *adviceCell) deleteJob(ctx context.Context, ns string) error {
 	fg := metav1.DeletePropagationForeground
 	if err := c.bed.Dyn.Resource(c.kind.gvr).Namespace(ns).Delete(ctx, "train", metav1.DeleteOptions{PropagationPolicy: &fg}); err != nil {
@@ -684,12 +688,13 @@ func (c *adviceCell) deleteJob(ctx context.Context, ns string) error {
 	for {
 		_, err := c.bed.Dyn.Resource(c.kind.gvr).Namespace(ns).Get(ctx, "train", metav1.GetOptions{})
 		pods, _ := c.bed.Pods(ns)
-		if apierrors.IsNotFound(err) && len(pods) == 0 {
+		svcs, serr := c.bed.Client.CoreV1().Services(ns).List(ctx, metav1.ListOptions{})
+		if apierrors.IsNotFound(err) && len(pods) == 0 && serr == nil && len(svcs.Items) == 0 {
 			return nil
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("the %s and its pods are not gone: %v, %d pods", c.kind.name, err, len(pods))
+			return fmt.Errorf("the %s, its pods and Services are not gone: %v, %d pods, Services %v", c.kind.name, err, len(pods), serr)
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
