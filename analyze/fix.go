@@ -427,6 +427,12 @@ func kueueTemplates(j *Job, pods *jobPods, nodes map[string]nodeInfo, rooms []zo
 			}
 		}
 	}
+	if j.JobKind == "RayJob" {
+		// kueue v0.17.0 pkg/controller/jobs/rayjob rayjob_webhook.go: a
+		// queued RayJob must delete its cluster when it finishes (KubeRay's
+		// default is to keep it); the webhook refuses the RayJob otherwise.
+		note += "# Kueue admits a RayJob only if it deletes its cluster when it finishes (spec.shutdownAfterJobFinishes: true, set below; its webhook refuses it otherwise).\n"
+	}
 	where, spec = patchTemplates(j, pods, func(replicaTypes ...string) map[string]any {
 		ann := map[string]any{annotation: kube.LabelZone}
 		if group {
@@ -448,6 +454,9 @@ func kueueTemplates(j *Job, pods *jobPods, nodes map[string]nodeInfo, rooms []zo
 		}
 		return out
 	})
+	if j.JobKind == "RayJob" {
+		spec["shutdownAfterJobFinishes"] = true
+	}
 	return where, spec, note
 }
 

@@ -400,3 +400,40 @@ func TestKueueManyPodSets(t *testing.T) {
 		t.Errorf("Chief + Worker: want the podset group and no pin:\n%s", fix)
 	}
 }
+
+// TestKueueRayJobShutsDownItsCluster: Kueue v0.17.0's webhook refuses a
+// queued RayJob that keeps its cluster when it finishes (KubeRay's
+// default, shutdownAfterJobFinishes false): seen on the real Kueue and
+// KubeRay v1.6.0 (internal/trainlab, a RayJob applying the advice was
+// denied "a kueue managed job should delete the cluster after
+// finishing"). The Kueue advice for a RayJob sets it.
+func TestKueueRayJobShutsDownItsCluster(t *testing.T) {
+	const ns = "ml"
+	lbl := func(typ, group string) map[string]string {
+		return map[string]string{"ray.io/cluster": "tune-x", "ray.io/node-type": typ, "ray.io/group": group}
+	}
+	ray := []map[string]any{
+		dumpPod{name: "tune-x-head", node: "cpu-a1", owner: [2]string{"RayCluster", "tune-x"}, labels: lbl("head", "headgroup")}.object(ns),
+		owned("ray.io/v1", "RayCluster", ns, "tune-x", "ray.io/v1", "RayJob", "tune", nil),
+	}
+	// 20 GPUs: more than any zone has (us-east-1a 16): the Kueue advice.
+	for i, node := range []string{"gpu-a1", "gpu-a1", "gpu-a2", "gpu-b1", "gpu-c1"} {
+		ray = append(ray, dumpPod{name: fmt.Sprintf("tune-x-gpu-%d", i), node: node, gpus: 4, owner: [2]string{"RayCluster", "tune-x"}, labels: lbl("worker", "gpu")}.object(ns))
+	}
+	fix := stepsFix(t, PodGroupsOff, "tune", ray...)
+	if !strings.HasPrefix(fix, "# No zone can hold") || !strings.Contains(fix, KueueTopologyAnnotation) {
+		t.Fatalf("not the Kueue advice:\n%s", fix)
+	}
+	var patch struct {
+		Spec map[string]any `json:"spec"`
+	}
+	if err := yaml.Unmarshal([]byte(fix), &patch); err != nil {
+		t.Fatal(err)
+	}
+	if patch.Spec["shutdownAfterJobFinishes"] != true {
+		t.Errorf("the Kueue advice for a RayJob does not set spec.shutdownAfterJobFinishes: true (Kueue refuses the RayJob):\n%s", fix)
+	}
+	if _, ok := patch.Spec["rayClusterSpec"]; !ok {
+		t.Errorf("the Kueue advice for a RayJob patches no rayClusterSpec:\n%s", fix)
+	}
+}

@@ -2,8 +2,11 @@
 // sigs.k8s.io/kueue at the pinned version) against a schedlab cluster:
 // its CRDs and webhook configurations from the same module, its webhook
 // server on loopback with a test CA and registered with the test apiserver
-// by URL, only the plain-pod integration (no training controller runs in
-// the lab), topology-aware scheduling on (beta, on by default in v0.17).
+// by URL, topology-aware scheduling on (beta, on by default in v0.17).
+// Start runs it with the plain-pod integration only (no training controller
+// runs in a schedlab cluster); Attach runs it on a cluster of one's own
+// (internal/trainlab's bed) with the job integrations asked for, e.g. the
+// JobSet one beside the real JobSet controller.
 package kueuelab
 
 import (
@@ -14,6 +17,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -69,19 +73,64 @@ var (
 	webhookKinds = []string{"MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"}
 )
 
-// Start starts the lab (schedlab.Start) and Kueue's manager against it.
-// The manager insists on a metrics certificate at
-// /etc/kueue/metrics/certs when its internal certificate management is off
-// (cmd/kueue/main.go): it runs in a private mount namespace where an
-// overlay on /etc adds that folder, so the host's /etc is not touched.
+// Start starts the lab (schedlab.Start) and Kueue's manager against it,
+// with the plain-pod integration only.
 func Start(t testing.TB) *Lab {
 	t.Helper()
-	bin := testenv.ToolsBin(t, "etcd", "kube-apiserver", "kube-scheduler", "kueue", "kueue.d")
+	testenv.ToolsBin(t, "etcd", "kube-apiserver", "kube-scheduler", "kueue", "kueue.d")
+	root(t)
+	return Attach(t, schedlab.Start(t), FrameworkPod)
+}
+
+// Kueue's job integrations (config integrations.frameworks) that Attach
+// can turn on, each with the path its webhooks are served at.
+const (
+	FrameworkPod        = "pod"
+	FrameworkJobSet     = "jobset.x-k8s.io/jobset"
+	FrameworkPyTorchJob = "kubeflow.org/pytorchjob"
+	FrameworkTFJob      = "kubeflow.org/tfjob"
+	FrameworkRayCluster = "ray.io/raycluster"
+	FrameworkMPIJob     = "kubeflow.org/mpijob"
+)
+
+var frameworkWebhooks = map[string]string{
+	FrameworkPod:        "--v1-pod",
+	FrameworkJobSet:     "-jobset-x-k8s-io-v1alpha2-jobset",
+	FrameworkPyTorchJob: "-kubeflow-org-v1-pytorchjob",
+	FrameworkTFJob:      "-kubeflow-org-v1-tfjob",
+	FrameworkRayCluster: "-ray-io-v1-raycluster",
+	FrameworkMPIJob:     "-kubeflow-org-v2beta1-mpijob",
+}
+
+func root(t testing.TB) {
+	t.Helper()
 	testenv.Root(t, "Kueue's manager runs in a private mount namespace (its metrics certificate path is fixed under /etc)")
 	if _, err := exec.LookPath("unshare"); err != nil {
 		testenv.Unmet(t, "unshare (util-linux) not found")
 	}
-	lab := schedlab.Start(t)
+}
+
+// Attach starts Kueue's manager against a lab already running (e.g. the
+// training-controller bed of internal/trainlab, whose controllers' CRDs
+// must be installed first: Kueue sets up an integration only for a CRD it
+// finds), with the given job integrations (FrameworkPod, FrameworkJobSet)
+// and only their webhooks and Kueue's own registered. The manager insists
+// on a metrics certificate at /etc/kueue/metrics/certs when its internal
+// certificate management is off (cmd/kueue/main.go): it runs in a private
+// mount namespace where an overlay on /etc adds that folder, so the
+// host's /etc is not touched.
+func Attach(t testing.TB, lab *schedlab.Lab, frameworks ...string) *Lab {
+	t.Helper()
+	bin := testenv.ToolsBin(t, "kueue", "kueue.d")
+	root(t)
+	var suffixes []string
+	for _, f := range frameworks {
+		s, ok := frameworkWebhooks[f]
+		if !ok {
+			t.Fatalf("kueuelab: integration %q is not one the lab registers webhooks for", f)
+		}
+		suffixes = append(suffixes, s)
+	}
 	dyn, err := dynamic.NewForConfig(lab.API.Config)
 	if err != nil {
 		t.Fatal(err)
@@ -108,6 +157,10 @@ func Start(t testing.TB) *Lab {
 		ca.WriteServing(t, d)
 	}
 	webhookPort, healthPort, metricsPort := testenv.FreePort(t), testenv.FreePort(t), testenv.FreePort(t)
+	quoted := make([]string, len(frameworks))
+	for i, f := range frameworks {
+		quoted[i] = strconv.Quote(f)
+	}
 	cfg := fmt.Sprintf(`apiVersion: config.kueue.x-k8s.io/v1beta2
 kind: Configuration
 namespace: kueue-system
@@ -128,8 +181,8 @@ managedJobsNamespaceSelector:
   matchLabels:
     %s: "true"
 integrations:
-  frameworks: ["pod"]
-`, healthPort, metricsPort, webhookPort, certDir, NamespaceLabel)
+  frameworks: [%s]
+`, healthPort, metricsPort, webhookPort, certDir, NamespaceLabel, strings.Join(quoted, ", "))
 	cfgPath := filepath.Join(dir, "kueue-config.yaml")
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
@@ -146,13 +199,16 @@ integrations:
 	if err := os.MkdirAll(over, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	cmd := testenv.Start(t, dir, "kueue", "unshare", "-m", "--propagation", "private", "env", "KUBECONFIG="+lab.API.Kubeconfig, "sh", "-c", script)
-	_ = cmd
-	if err := registerWebhooks(ctx, dyn, filepath.Join(kd, "webhook.yaml"), webhookPort, ca.PEM); err != nil {
+	testenv.Start(t, dir, "kueue", "unshare", "-m", "--propagation", "private", "env", "KUBECONFIG="+lab.API.Kubeconfig, "sh", "-c", script)
+	if err := registerWebhooks(ctx, dyn, filepath.Join(kd, "webhook.yaml"), webhookPort, ca.PEM, suffixes); err != nil {
 		t.Fatal(err)
 	}
 	l := &Lab{Lab: lab, Dyn: dyn, Log: filepath.Join(dir, "kueue.log")}
-	if err := l.waitWebhook(ctx); err != nil {
+	wait := l.waitWebhook
+	if !slices.Contains(frameworks, FrameworkPod) {
+		wait = l.waitFlavorWebhook
+	}
+	if err := wait(ctx); err != nil {
 		b, _ := os.ReadFile(l.Log)
 		t.Fatalf("Kueue's webhook: %v\n--- kueue log (tail) ---\n%s", err, tailBytes(b, 6000))
 	}
@@ -167,11 +223,13 @@ func tailBytes(b []byte, n int) []byte {
 }
 
 // registerWebhooks creates Kueue's webhook configurations from its module,
-// each webhook pointed at the loopback server by URL with the test CA. Only
-// the webhooks of what this manager serves are kept: pods and Kueue's own
-// kinds (the others belong to integrations that are off, and their
-// failurePolicy Fail would refuse those objects).
-func registerWebhooks(ctx context.Context, dyn dynamic.Interface, path string, port int, caPEM []byte) error {
+// each webhook pointed at the loopback server by URL with the test CA, the
+// configurations named kueue-mutating and kueue-validating (upstream's
+// names are every kubebuilder project's). Only the webhooks of what this
+// manager serves are kept: Kueue's own kinds and the integrations' (paths
+// ending in one of suffixes); the others belong to integrations that are
+// off, and their failurePolicy Fail would refuse those objects.
+func registerWebhooks(ctx context.Context, dyn dynamic.Interface, path string, port int, caPEM []byte, suffixes []string) error {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return err
@@ -201,7 +259,7 @@ func registerWebhooks(ctx context.Context, dyn dynamic.Interface, path string, p
 			cc, _ := hook["clientConfig"].(map[string]any)
 			svc, _ := cc["service"].(map[string]any)
 			p, _ := svc["path"].(string)
-			if !strings.HasSuffix(p, "--v1-pod") && !strings.Contains(p, "-kueue-x-k8s-io-") {
+			if !strings.Contains(p, "-kueue-x-k8s-io-") && !slices.ContainsFunc(suffixes, func(s string) bool { return strings.HasSuffix(p, s) }) {
 				continue
 			}
 			hook["clientConfig"] = map[string]any{"url": "https://127.0.0.1:" + strconv.Itoa(port) + p, "caBundle": base64.StdEncoding.EncodeToString(caPEM)}
@@ -211,6 +269,7 @@ func registerWebhooks(ctx context.Context, dyn dynamic.Interface, path string, p
 			keep = append(keep, hook)
 		}
 		m["webhooks"] = keep
+		m["metadata"] = map[string]any{"name": "kueue-" + strings.ToLower(strings.TrimSuffix(kind, "WebhookConfiguration"))}
 		if _, err := dyn.Resource(gvr).Create(ctx, &unstructured.Unstructured{Object: m}, metav1.CreateOptions{}); err != nil {
 			return fmt.Errorf("registering %s: %w", kind, err)
 		}
@@ -234,6 +293,33 @@ func (l *Lab) waitWebhook(ctx context.Context) error {
 				return nil
 			}
 			last = fmt.Errorf("pod not gated by Kueue: gates %v labels %v", got.Spec.SchedulingGates, got.Labels)
+		} else {
+			last = err
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%w (last: %v)", ctx.Err(), last)
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+// waitFlavorWebhook dry-runs a ResourceFlavor until Kueue's webhook
+// server answers: the flavor comes back with Kueue's resource-in-use
+// finalizer (its defaulting webhook). The job integrations' webhooks are
+// served by the same server, set up before it starts.
+func (l *Lab) waitFlavorWebhook(ctx context.Context) error {
+	rf := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": APIVersion, "kind": "ResourceFlavor", "metadata": map[string]any{"name": "kueuelab-probe"},
+	}}
+	var last error
+	for {
+		got, err := l.Dyn.Resource(FlavorGVR).Create(ctx, rf.DeepCopy(), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		if err == nil {
+			if slices.Contains(got.GetFinalizers(), "kueue.x-k8s.io/resource-in-use") {
+				return nil
+			}
+			last = fmt.Errorf("ResourceFlavor not defaulted by Kueue: finalizers %v", got.GetFinalizers())
 		} else {
 			last = err
 		}
