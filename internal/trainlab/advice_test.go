@@ -525,15 +525,7 @@ func adviceJobSet(ns, cell string) map[string]any {
 func kubeflowJob(kind, container string, coordinators ...string) func(ns, cell string) map[string]any {
 	return func(ns, cell string) map[string]any {
 		spec := func(n int, gpus int64) map[string]any {
-			c := map[string]any{"name": container, "image": "registry.example.com/train:1",
-				"resources": map[string]any{"requests": map[string]any{"cpu": "2", "memory": "8Gi"}}}
-			s := map[string]any{"containers": []any{c}, "nodeSelector": map[string]any{schedlab.LabelCell: cell}}
-			if gpus > 0 {
-				c["resources"] = map[string]any{"requests": map[string]any{"cpu": "4", "memory": "32Gi", "nvidia.com/gpu": gpus},
-					"limits": map[string]any{"nvidia.com/gpu": gpus}}
-				s["tolerations"] = []any{map[string]any{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}}
-			}
-			return map[string]any{"replicas": n, "restartPolicy": "Never", "template": map[string]any{"spec": s}}
+			return replicaSpec(container, "registry.example.com/train:1", cell, n, gpus)
 		}
 		specs := map[string]any{"Worker": spec(4, 4)}
 		for _, rt := range coordinators {
@@ -552,15 +544,7 @@ func kubeflowJob(kind, container string, coordinators ...string) func(ns, cell s
 // 4 GPUs.
 func adviceMPIJob(ns, cell string) map[string]any {
 	spec := func(name string, n int, gpus int64) map[string]any {
-		c := map[string]any{"name": name, "image": "registry.example.com/mpi:1",
-			"resources": map[string]any{"requests": map[string]any{"cpu": "2", "memory": "8Gi"}}}
-		s := map[string]any{"containers": []any{c}, "nodeSelector": map[string]any{schedlab.LabelCell: cell}}
-		if gpus > 0 {
-			c["resources"] = map[string]any{"requests": map[string]any{"cpu": "4", "memory": "32Gi", "nvidia.com/gpu": gpus},
-				"limits": map[string]any{"nvidia.com/gpu": gpus}}
-			s["tolerations"] = []any{map[string]any{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}}
-		}
-		return map[string]any{"replicas": n, "restartPolicy": "Never", "template": map[string]any{"spec": s}}
+		return replicaSpec(name, "registry.example.com/mpi:1", cell, n, gpus)
 	}
 	return map[string]any{
 		"apiVersion": "kubeflow.org/v2beta1", "kind": "MPIJob", "metadata": map[string]any{"name": "train", "namespace": ns},
@@ -775,4 +759,19 @@ func zonesOf(p schedlab.Placement, zoneOf map[string]string) []string {
 	}
 	slices.Sort(zones)
 	return zones
+}
+
+// replicaSpec is a Kubeflow replica spec (training-operator's and MPI
+// Operator's share the shape) of n pods held to the cell's nodes: a
+// CPU-only container, or one of gpus GPUs that tolerates the GPU taint.
+func replicaSpec(container, image, cell string, n int, gpus int64) map[string]any {
+	c := map[string]any{"name": container, "image": image,
+		"resources": map[string]any{"requests": map[string]any{"cpu": "2", "memory": "8Gi"}}}
+	s := map[string]any{"containers": []any{c}, "nodeSelector": map[string]any{schedlab.LabelCell: cell}}
+	if gpus > 0 {
+		c["resources"] = map[string]any{"requests": map[string]any{"cpu": "4", "memory": "32Gi", "nvidia.com/gpu": gpus},
+			"limits": map[string]any{"nvidia.com/gpu": gpus}}
+		s["tolerations"] = []any{map[string]any{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}}
+	}
+	return map[string]any{"replicas": n, "restartPolicy": "Never", "template": map[string]any{"spec": s}}
 }
