@@ -25,10 +25,11 @@ import (
 // from a peer outside the job, in an unknown zone. A job's flow whose
 // other side waits on a read of its node (the lean node view's: a pod on
 // a node not held yet) is held the same way, for that side, and counted
-// in the node's zone once it is in. The window runs per pod, from the first flow of it that found no job, so a pod of no job
-// holds its flows once, in its first seconds, and never again; every flow
-// is either counted or counted in zonewatch_hubble_flows_uncounted_total
-// with its reason.
+// in the node's zone once it is in. The window runs per pod, from the
+// first flow of it that found no job, so a pod of no job holds its flows
+// once, in its first seconds, and never again; every flow is either
+// counted or counted in zonewatch_hubble_flows_uncounted_total with its
+// reason.
 
 // DefaultHold is the hold window of a live stream: how long a pod Hubble
 // names may stay without a job in the view before its flows count as no

@@ -498,15 +498,8 @@ func (c *adviceCell) settleKueue(ctx context.Context, ns string) (string, error)
 // tolerate the GPU nodes' taint, as users write them, on the cell's nodes.
 func adviceJobSet(ns, cell string) map[string]any {
 	tmpl := func(n int, gpus int64) map[string]any {
-		c := map[string]any{"name": "main", "image": "registry.example.com/train:1",
-			"resources": map[string]any{"requests": map[string]any{"cpu": "2", "memory": "8Gi"}}}
-		spec := map[string]any{"restartPolicy": "Never", "containers": []any{c},
-			"nodeSelector": map[string]any{schedlab.LabelCell: cell}}
-		if gpus > 0 {
-			c["resources"] = map[string]any{"requests": map[string]any{"cpu": "4", "memory": "32Gi", "nvidia.com/gpu": gpus},
-				"limits": map[string]any{"nvidia.com/gpu": gpus}}
-			spec["tolerations"] = []any{map[string]any{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}}
-		}
+		spec := cellPodSpec("main", "registry.example.com/train:1", cell, gpus)
+		spec["restartPolicy"] = "Never"
 		return map[string]any{"spec": map[string]any{"parallelism": n, "completions": n, "completionMode": "Indexed",
 			"template": map[string]any{"spec": spec}}}
 	}
@@ -557,15 +550,7 @@ func adviceMPIJob(ns, cell string) map[string]any {
 // CPU-only head and one worker group of four workers of 4 GPUs.
 func adviceRayCluster(ns, cell string) map[string]any {
 	tmpl := func(gpus int64) map[string]any {
-		c := map[string]any{"name": "ray", "image": "registry.example.com/ray:2.40.0",
-			"resources": map[string]any{"requests": map[string]any{"cpu": "2", "memory": "8Gi"}}}
-		s := map[string]any{"containers": []any{c}, "nodeSelector": map[string]any{schedlab.LabelCell: cell}}
-		if gpus > 0 {
-			c["resources"] = map[string]any{"requests": map[string]any{"cpu": "4", "memory": "32Gi", "nvidia.com/gpu": gpus},
-				"limits": map[string]any{"nvidia.com/gpu": gpus}}
-			s["tolerations"] = []any{map[string]any{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}}
-		}
-		return map[string]any{"spec": s}
+		return map[string]any{"spec": cellPodSpec("ray", "registry.example.com/ray:2.40.0", cell, gpus)}
 	}
 	return map[string]any{
 		"apiVersion": "ray.io/v1", "kind": "RayCluster", "metadata": map[string]any{"name": "train", "namespace": ns},
@@ -762,9 +747,16 @@ func zonesOf(p schedlab.Placement, zoneOf map[string]string) []string {
 }
 
 // replicaSpec is a Kubeflow replica spec (training-operator's and MPI
-// Operator's share the shape) of n pods held to the cell's nodes: a
-// CPU-only container, or one of gpus GPUs that tolerates the GPU taint.
+// Operator's share the shape) of n pods of cellPodSpec.
 func replicaSpec(container, image, cell string, n int, gpus int64) map[string]any {
+	return map[string]any{"replicas": n, "restartPolicy": "Never",
+		"template": map[string]any{"spec": cellPodSpec(container, image, cell, gpus)}}
+}
+
+// cellPodSpec is the pod spec every kind's cells use, held to the cell's
+// nodes: a CPU-only container, or one of gpus GPUs that tolerates the GPU
+// taint.
+func cellPodSpec(container, image, cell string, gpus int64) map[string]any {
 	c := map[string]any{"name": container, "image": image,
 		"resources": map[string]any{"requests": map[string]any{"cpu": "2", "memory": "8Gi"}}}
 	s := map[string]any{"containers": []any{c}, "nodeSelector": map[string]any{schedlab.LabelCell: cell}}
@@ -773,5 +765,5 @@ func replicaSpec(container, image, cell string, n int, gpus int64) map[string]an
 			"limits": map[string]any{"nvidia.com/gpu": gpus}}
 		s["tolerations"] = []any{map[string]any{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}}
 	}
-	return map[string]any{"replicas": n, "restartPolicy": "Never", "template": map[string]any{"spec": s}}
+	return s
 }
