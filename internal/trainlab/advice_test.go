@@ -148,7 +148,8 @@ func runAdviceCells(t *testing.T, kinds []adviceKind) {
 	kq := kueuelab.Attach(t, bed.Lab, frameworks...)
 	t.Logf("bed ready in %s: apiserver, scheduler and kube-controller-manager with the gang gates, %s, the PodGroup policy, Kueue",
 		time.Since(start).Round(time.Second), strings.Join(names, " and "))
-	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	// Twice a stuck cell's wait, the unfixed job's and the advised one's.
+	ctx, cancel := context.WithTimeout(context.Background(), 2*stuckAfter+2*time.Minute)
 	defer cancel()
 	var cells []*adviceCell
 	for _, k := range kinds {
@@ -228,7 +229,7 @@ func (c *adviceCell) addGPUNode(ctx context.Context, z string) error {
 // run places the job unfixed, asks analyze, applies its advice as the
 // runbook says, places the job again and returns the cell's result:
 // one-zone, waits-whole, split, half-placed, stuck (fewer pods than the
-// controller makes, two minutes on), or not-given (analyze gave no such
+// controller makes, stuckAfter on), or not-given (analyze gave no such
 // advice, and said why).
 func (c *adviceCell) run(ctx context.Context) (string, error) {
 	ns := c.name()
@@ -415,18 +416,50 @@ func (c *adviceCell) classify(p schedlab.Placement) string {
 	}
 }
 
+// stuckAfter is how long a cell waits for the controller to make the
+// job's pods before it calls the job stuck: longer than the periodic
+// requeue a controller falls back on when an event was missed (KubeRay
+// v1.6.0 reconciles a RayCluster every 300 s; under load one RayCluster
+// re-created with the gang advice had no pod two minutes on, in one of
+// four runs), so that a slow controller is not taken for a stuck job.
+const stuckAfter = 6 * time.Minute
+
 // settle waits until the namespace has the job's pods, all bound or the
 // rest held (unschedulable, or waiting for their gang) for a while; fewer
-// pods after two minutes are returned as they are (the controller made no
-// more: stuck).
+// pods after stuckAfter are returned as they are (the controller made no
+// more: stuck), with the namespace's events logged.
 func (c *adviceCell) settle(ctx context.Context, ns string) (schedlab.Placement, error) {
-	sctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	start := time.Now()
+	sctx, cancel := context.WithTimeout(ctx, stuckAfter)
 	defer cancel()
 	p, err := c.bed.SettleQuiet(sctx, ns, c.kind.pods, 10*time.Second)
+	if took := time.Since(start); took > time.Minute && len(p) >= c.kind.pods {
+		c.logf("the controller took %s to make the %s's %d pods", took.Round(time.Second), c.kind.name, c.kind.pods)
+	}
 	if err != nil && (len(p) >= c.kind.pods || ctx.Err() != nil) {
 		return p, err
 	}
+	if len(p) < c.kind.pods {
+		c.logEvents(ctx, ns)
+	}
 	return p, nil
+}
+
+// logEvents logs the namespace's last events (a controller says there why
+// it makes no pod).
+func (c *adviceCell) logEvents(ctx context.Context, ns string) {
+	evs, err := c.bed.Client.CoreV1().Events(ns).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		c.logf("events: %v", err)
+		return
+	}
+	items := evs.Items
+	if len(items) > 12 {
+		items = items[len(items)-12:]
+	}
+	for _, e := range items {
+		c.logf("event: %s %s/%s %s: %s (x%d)", e.Type, e.InvolvedObject.Kind, e.InvolvedObject.Name, e.Reason, e.Message, e.Count)
+	}
 }
 
 // settleKueue waits for the job's Workload: admitted, then for its pods
