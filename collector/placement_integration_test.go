@@ -19,6 +19,7 @@ import (
 
 	"github.com/zonewatch/zonewatch/collector"
 	"github.com/zonewatch/zonewatch/collector/kube"
+	"github.com/zonewatch/zonewatch/internal/kubeapi"
 	"github.com/zonewatch/zonewatch/internal/testenv"
 	"github.com/zonewatch/zonewatch/sim"
 	"github.com/zonewatch/zonewatch/topology"
@@ -72,7 +73,7 @@ func TestPlacementAgainstKubeAPIServer(t *testing.T) {
 
 	index := topology.NewIndex()
 	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
-	live, factories, err := kube.NewLive(client, index, topology.DefaultRules(), 0, logger)
+	live, factories, err := kube.NewLive(kubeapi.NewForConfigOrDie(api.Config), index, topology.DefaultRules(), 0, logger)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,41 +8,35 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
-	resourcev1 "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
 	"k8s.io/apimachinery/pkg/watch"
-	"k8s.io/client-go/discovery"
-	fakediscovery "k8s.io/client-go/discovery/fake"
-	"k8s.io/client-go/kubernetes"
-	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
-	fakecorev1 "k8s.io/client-go/kubernetes/typed/core/v1/fake"
-	typeddiscoveryv1 "k8s.io/client-go/kubernetes/typed/discovery/v1"
-	fakediscoveryv1 "k8s.io/client-go/kubernetes/typed/discovery/v1/fake"
-	typedresourcev1 "k8s.io/client-go/kubernetes/typed/resource/v1"
-	fakeresourcev1 "k8s.io/client-go/kubernetes/typed/resource/v1/fake"
 	"k8s.io/client-go/testing"
+
+	"github.com/zonewatch/zonewatch/internal/kubeapi"
 )
 
-// Clientset returns a fake clientset holding the scenario's nodes and
-// pods, so the exporter's real informers run against it. It serves what
-// the exporter asks of a cluster: core/v1 (Services too),
-// discovery.k8s.io/v1 (EndpointSlices), resource.k8s.io/v1 and discovery, from client-go's object tracker, as client-go's fake
-// clientset does. It is not that clientset: that one brings the fake
-// client of every API group into the exporter's binary (13 MiB more of
-// resident binary pages, docs/performance.md). Another group's client is
-// nil.
-func Clientset(s *Scenario) kubernetes.Interface {
-	scheme := runtime.NewScheme()
-	metav1.AddToGroupVersion(scheme, schema.GroupVersion{Version: "v1"})
-	for _, add := range []func(*runtime.Scheme) error{corev1.AddToScheme, discoveryv1.AddToScheme, resourcev1.AddToScheme} {
-		if err := add(scheme); err != nil {
-			panic(err) // registering the API's own types
-		}
-	}
-	tracker := testing.NewObjectTracker(scheme, serializer.NewCodecFactory(scheme).UniversalDecoder())
+// Cluster is the scenario's API server: its nodes and pods in client-go's
+// object tracker (the store of client-go's fake clientsets), served to the
+// exporter's real informers through kubeapi.Interface, with label and field
+// selectors applied as the API server applies them (the fields the
+// exporter selects on). It serves core/v1, discovery.k8s.io/v1 and
+// resource.k8s.io/v1, as a cluster does.
+type Cluster struct {
+	tracker testing.ObjectTracker
+}
+
+var _ kubeapi.Interface = (*Cluster)(nil)
+
+// NewCluster returns the scenario's cluster.
+func NewCluster(s *Scenario) *Cluster {
+	tracker := testing.NewObjectTracker(kubeapi.Scheme, serializer.NewCodecFactory(kubeapi.Scheme).UniversalDecoder())
 	nodes, pods := s.KubeObjects()
 	for _, n := range nodes {
 		if err := tracker.Add(n); err != nil {
@@ -54,50 +48,119 @@ func Clientset(s *Scenario) kubernetes.Interface {
 			panic(err)
 		}
 	}
-	cs := &clientset{}
-	cs.discovery = &fakediscovery.FakeDiscovery{Fake: &cs.Fake}
-	cs.AddReactor("*", "*", testing.ObjectReaction(tracker))
-	cs.AddWatchReactor("*", func(action testing.Action) (bool, watch.Interface, error) {
-		var opts metav1.ListOptions
-		if w, ok := action.(testing.WatchActionImpl); ok {
-			opts = w.ListOptions
-		}
-		w, err := tracker.Watch(action.GetResource(), action.GetNamespace(), opts)
-		if err != nil {
-			return false, nil, err
-		}
-		return true, w, nil
-	})
-	return cs
-}
-
-type clientset struct {
-	kubernetes.Interface // nil: the groups the exporter does not use
-	testing.Fake
-	discovery *fakediscovery.FakeDiscovery
-}
-
-func (c *clientset) Discovery() discovery.DiscoveryInterfaces { return c.discovery }
-
-func (c *clientset) CoreV1() typedcorev1.CoreV1Interface {
-	return &fakecorev1.FakeCoreV1{Fake: &c.Fake}
-}
-
-func (c *clientset) DiscoveryV1() typeddiscoveryv1.DiscoveryV1Interface {
-	return &fakediscoveryv1.FakeDiscoveryV1{Fake: &c.Fake}
-}
-
-func (c *clientset) ResourceV1() typedresourcev1.ResourceV1Interface {
-	return &fakeresourcev1.FakeResourceV1{Fake: &c.Fake}
+	return &Cluster{tracker: tracker}
 }
 
 // IsWatchListSemanticsUnSupported tells client-go's reflector that the
 // tracker's watch sends no initial events (as client-go's fake does).
-func (c *clientset) IsWatchListSemanticsUnSupported() bool { return true }
+func (c *Cluster) IsWatchListSemanticsUnSupported() bool { return true }
+
+// List implements kubeapi.Interface.
+func (c *Cluster) List(_ context.Context, r kubeapi.Resource, namespace string, opts metav1.ListOptions) (runtime.Object, error) {
+	match, err := matcher(opts)
+	if err != nil {
+		return nil, err
+	}
+	gvks, _, err := kubeapi.Scheme.ObjectKinds(r.Object())
+	if err != nil {
+		return nil, err
+	}
+	list, err := c.tracker.List(r.GVR, gvks[0], namespace)
+	if err != nil {
+		return nil, err
+	}
+	items, err := meta.ExtractList(list)
+	if err != nil {
+		return nil, err
+	}
+	var kept []runtime.Object
+	for _, o := range items {
+		if match(o) {
+			kept = append(kept, o)
+		}
+	}
+	if err := meta.SetList(list, kept); err != nil {
+		return nil, err
+	}
+	return list, nil
+}
+
+// Watch implements kubeapi.Interface.
+func (c *Cluster) Watch(_ context.Context, r kubeapi.Resource, namespace string, opts metav1.ListOptions) (watch.Interface, error) {
+	match, err := matcher(opts)
+	if err != nil {
+		return nil, err
+	}
+	w, err := c.tracker.Watch(r.GVR, namespace)
+	if err != nil {
+		return nil, err
+	}
+	return watch.Filter(w, func(e watch.Event) (watch.Event, bool) { return e, match(e.Object) }), nil
+}
+
+// ServerResourcesForGroupVersion implements kubeapi.Interface: the groups
+// the simulated cluster serves, the resources the exporter reads.
+func (c *Cluster) ServerResourcesForGroupVersion(groupVersion string) (*metav1.APIResourceList, error) {
+	list := &metav1.APIResourceList{GroupVersion: groupVersion}
+	for _, r := range []kubeapi.Resource{kubeapi.Pods, kubeapi.Nodes, kubeapi.Services, kubeapi.EndpointSlices, kubeapi.ResourceSlices} {
+		if r.GVR.GroupVersion().String() == groupVersion {
+			list.APIResources = append(list.APIResources, metav1.APIResource{Name: r.GVR.Resource, Namespaced: r.Namespaced})
+		}
+	}
+	if len(list.APIResources) == 0 {
+		gv, _ := schema.ParseGroupVersion(groupVersion)
+		return nil, apierrors.NewNotFound(gv.WithResource("").GroupResource(), "")
+	}
+	return list, nil
+}
+
+// CreatePod creates a pod.
+func (c *Cluster) CreatePod(p *corev1.Pod) error {
+	return c.tracker.Create(kubeapi.Pods.GVR, p, p.Namespace)
+}
+
+// DeletePod deletes a pod.
+func (c *Cluster) DeletePod(namespace, name string) error {
+	return c.tracker.Delete(kubeapi.Pods.GVR, namespace, name)
+}
+
+// matcher returns what the API server would select with opts: the label
+// selector, and the field selector on the fields the exporter selects on.
+func matcher(opts metav1.ListOptions) (func(runtime.Object) bool, error) {
+	ls, err := labels.Parse(opts.LabelSelector)
+	if err != nil {
+		return nil, apierrors.NewBadRequest(err.Error())
+	}
+	fs, err := fields.ParseSelector(opts.FieldSelector)
+	if err != nil {
+		return nil, apierrors.NewBadRequest(err.Error())
+	}
+	return func(o runtime.Object) bool {
+		m, ok := o.(metav1.Object)
+		return ok && ls.Matches(labels.Set(m.GetLabels())) && fs.Matches(fieldsOf(o))
+	}, nil
+}
+
+// fieldsOf is what the API server's field selectors read of an object
+// (the fields the exporter selects on).
+func fieldsOf(o runtime.Object) fields.Set {
+	switch v := o.(type) {
+	case *corev1.Pod:
+		return fields.Set{"metadata.name": v.Name, "metadata.namespace": v.Namespace, "spec.nodeName": v.Spec.NodeName,
+			"status.podIP": v.Status.PodIP, "status.phase": string(v.Status.Phase)}
+	case *corev1.Service:
+		return fields.Set{"metadata.name": v.Name, "metadata.namespace": v.Namespace, "spec.clusterIP": v.Spec.ClusterIP, "spec.type": string(v.Spec.Type)}
+	case *discoveryv1.EndpointSlice:
+		return fields.Set{"metadata.name": v.Name, "metadata.namespace": v.Namespace}
+	case metav1.Object:
+		return fields.Set{"metadata.name": v.GetName(), "metadata.namespace": v.GetNamespace()}
+	}
+	return fields.Set{}
+}
 
 // Churn starts and finishes short batch Jobs every period (a data-prep job
 // in one zone), so placement series come and go as in a real cluster.
-func Churn(ctx context.Context, client kubernetes.Interface, s *Scenario, period time.Duration, logger *slog.Logger) {
+func Churn(ctx context.Context, client *Cluster, s *Scenario, period time.Duration, logger *slog.Logger) {
 	t := time.NewTicker(period)
 	defer t.Stop()
 	node := s.Nodes[len(s.Nodes)-1]
@@ -114,13 +177,12 @@ func Churn(ctx context.Context, client kubernetes.Interface, s *Scenario, period
 			Labels:    map[string]string{"batch.kubernetes.io/job-name": name, "batch.kubernetes.io/job-completion-index": "0"},
 			OwnerKind: "Job", OwnerName: name,
 		}
-		pods := client.CoreV1().Pods("data")
-		if _, err := pods.Create(ctx, KubePod(p), metav1.CreateOptions{}); err != nil && ctx.Err() == nil {
+		if err := client.CreatePod(KubePod(p)); err != nil && ctx.Err() == nil {
 			logger.Warn("simulated churn: create", "pod", p.Name, "err", err)
 		}
 		prev := fmt.Sprintf("etl-%d-0", i-1)
 		if i > 0 {
-			if err := pods.Delete(ctx, prev, metav1.DeleteOptions{}); err != nil && ctx.Err() == nil {
+			if err := client.DeletePod("data", prev); err != nil && ctx.Err() == nil {
 				logger.Warn("simulated churn: delete", "pod", prev, "err", err)
 			}
 		}

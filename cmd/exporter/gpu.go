@@ -6,9 +6,9 @@ import (
 	"time"
 
 	"github.com/alecthomas/kingpin/v2"
-	"k8s.io/client-go/kubernetes"
 
 	"github.com/zonewatch/zonewatch/collector/gpu"
+	"github.com/zonewatch/zonewatch/internal/kubeapi"
 )
 
 func init() { register("gpu", &gpuPart{}) }
@@ -96,7 +96,7 @@ func (p *gpuPart) options(w *wiring, m *gpu.Metrics) gpu.Options {
 	return gpu.Options{DCGMExporterURL: *p.url, Skipped: m.Skipped.WithLabelValues("gpu"), Logger: w.logger}
 }
 
-func startDiscovery(ctx context.Context, client kubernetes.Interface, w *wiring, selectors []string, port int, filter gpu.ResourceFilter, slices *gpu.Slices) (*gpu.Discovery, error) {
+func startDiscovery(ctx context.Context, client kubeapi.Interface, w *wiring, selectors []string, port int, filter gpu.ResourceFilter, slices *gpu.Slices) (*gpu.Discovery, error) {
 	d, err := gpu.NewDiscovery(client, gpu.DiscoveryOptions{Node: w.nodeName, Selectors: selectors, Port: port,
 		Resources: filter, Slices: slices, Logger: w.logger})
 	if err != nil {

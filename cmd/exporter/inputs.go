@@ -6,7 +6,6 @@ import (
 
 	"github.com/cilium/ebpf"
 	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/metadata"
 
 	"github.com/zonewatch/zonewatch/collector/conntrack"
@@ -16,13 +15,14 @@ import (
 	"github.com/zonewatch/zonewatch/collector/ipcache"
 	"github.com/zonewatch/zonewatch/collector/kube"
 	"github.com/zonewatch/zonewatch/collector/probe"
+	"github.com/zonewatch/zonewatch/internal/kubeapi"
 )
 
 // inputs are the systems the exporter reads. They are built once, from the
 // flags on a real cluster (each part's input method and kubeClient) or by
 // simulate, and every part reads them the same way: no part knows which.
 type inputs struct {
-	kube kubernetes.Interface
+	kube kubeapi.Interface
 	// meta reads owner objects' metadata (top-owner resolution); nil: the
 	// pods' own owner references only.
 	meta metadata.Interface

@@ -10,8 +10,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/informers"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/metadata"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -20,6 +18,7 @@ import (
 	"github.com/zonewatch/zonewatch/collector/fence"
 	"github.com/zonewatch/zonewatch/collector/ipcache"
 	"github.com/zonewatch/zonewatch/collector/kube"
+	"github.com/zonewatch/zonewatch/internal/kubeapi"
 	"github.com/zonewatch/zonewatch/topology"
 )
 
@@ -33,7 +32,7 @@ import (
 func startKube(ctx context.Context, w *wiring, in *inputs, rules []topology.Rule, resync time.Duration) (*collector.Placement, error) {
 	logger := w.logger.With("component", "kubernetes")
 	var live *kube.Live
-	var factories []informers.SharedInformerFactory
+	var factories kubeapi.Informers
 	var err error
 	var reader *ipcache.Reader
 	if w.nodeName != "" && in.ipcache != nil {
@@ -59,12 +58,12 @@ func startKube(ctx context.Context, w *wiring, in *inputs, rules []topology.Rule
 	if err != nil {
 		return nil, fmt.Errorf("setting up informers: %w", err)
 	}
-	live.WithOwners(in.meta, in.kube.Discovery())
+	live.WithOwners(in.meta, in.kube)
 	// Until the Services are known, a connection to a ClusterIP would be
 	// counted to an unknown zone: the conntrack growth is held until then
 	// as it is for the pods.
 	var svcs *kube.Services
-	var svcFactory informers.SharedInformerFactory
+	var svcFactory kubeapi.Informers
 	if !in.noServices {
 		if svcs, svcFactory, err = kube.NewServices(in.kube, w.index, resync, logger); err != nil {
 			return nil, fmt.Errorf("setting up service informers: %w", err)
@@ -219,7 +218,7 @@ func (f kubeFeed) Up() bool { return f.live.Up() && (f.svcs == nil || f.svcs.Up(
 // kubeClient builds a client from a kubeconfig or the in-cluster config,
 // the metadata-only client that resolves job pods' top owners, and the
 // dynamic client of the Cilium policy and identity informers (fence.go).
-func kubeClient(kubeconfig string) (kubernetes.Interface, metadata.Interface, dynamic.Interface, error) {
+func kubeClient(kubeconfig string) (kubeapi.Interface, metadata.Interface, dynamic.Interface, error) {
 	var cfg *rest.Config
 	var err error
 	if kubeconfig != "" {
@@ -248,6 +247,9 @@ func kubeClient(kubeconfig string) (kubernetes.Interface, metadata.Interface, dy
 	// Protobuf halves the size of pod lists on the wire.
 	cfg.ContentType = "application/vnd.kubernetes.protobuf"
 	cfg.AcceptContentTypes = "application/vnd.kubernetes.protobuf,application/json"
-	client, err := kubernetes.NewForConfig(cfg)
-	return client, meta, dyn, err
+	client, err := kubeapi.NewForConfig(cfg)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	return client, meta, dyn, nil
 }

@@ -47,8 +47,9 @@ func simulate(ctx context.Context, o *options, logger *slog.Logger) (in *inputs,
 		}
 	}()
 
-	in.kube = sim.Clientset(s)
-	go sim.Churn(ctx, in.kube, s, 30*time.Second, logger)
+	cluster := sim.NewCluster(s)
+	in.kube = cluster
+	go sim.Churn(ctx, cluster, s, 30*time.Second, logger)
 
 	h := sim.NewHubble(s, node, 0)
 	sock := filepath.Join(dir, "hubble.sock")

@@ -13,12 +13,14 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/zonewatch/zonewatch/collector/kube"
+	"github.com/zonewatch/zonewatch/internal/kubeapi"
 )
 
 // The resources the informers watch: Cilium's (cilium.io/v2) and
@@ -92,12 +94,14 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 // labels). With OnDemandIdentities the identities are read by name
 // instead, as drops and lookups name them.
 type Live struct {
-	set     *Set
-	factory dynamicinformer.DynamicSharedInformerFactory
-	synced  []cache.InformerSynced
-	m       *Metrics
-	logger  *slog.Logger
-	reader  *identityReader
+	set    *Set
+	client dynamic.Interface
+	resync time.Duration
+	infs   kubeapi.Informers
+	synced []cache.InformerSynced
+	m      *Metrics
+	logger *slog.Logger
+	reader *identityReader
 }
 
 // Option changes what Live reads.
@@ -126,7 +130,7 @@ func NewLive(client dynamic.Interface, set *Set, resync time.Duration, m *Metric
 	for _, opt := range opts {
 		opt(&o)
 	}
-	l := &Live{set: set, factory: dynamicinformer.NewDynamicSharedInformerFactory(client, resync), m: m, logger: logger}
+	l := &Live{set: set, client: client, resync: resync, m: m, logger: logger}
 	if o.onDemand != nil {
 		l.reader = newIdentityReader(client, set, *o.onDemand, m, logger)
 		set.setReader(l.reader)
@@ -136,7 +140,8 @@ func NewLive(client dynamic.Interface, set *Set, resync time.Duration, m *Metric
 		if gvr == IdentityResource && l.reader != nil {
 			continue
 		}
-		inf := l.factory.ForResource(gvr).Informer()
+		inf := l.informer(gvr)
+		l.infs = append(l.infs, inf)
 		if err := inf.SetTransform(l.transform(gvr)); err != nil {
 			return nil, fmt.Errorf("%s informer transform: %w", gvr.Resource, err)
 		}
@@ -154,6 +159,19 @@ func NewLive(client dynamic.Interface, set *Set, resync time.Duration, m *Metric
 		l.synced = append(l.synced, reg.HasSynced)
 	}
 	return l, nil
+}
+
+// informer lists and watches gvr in every namespace, as client-go's
+// dynamic informer does (not its factory: that one brings every built-in
+// group's informers into the binary, docs/performance.md).
+func (l *Live) informer(gvr schema.GroupVersionResource) cache.SharedIndexInformer {
+	r := l.client.Resource(gvr)
+	lw := &cache.ListWatch{
+		ListWithContextFunc:  func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) { return r.List(ctx, o) },
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) { return r.Watch(ctx, o) },
+	}
+	return cache.NewSharedIndexInformerWithOptions(cache.ToListWatcherWithWatchListSemantics(lw, l.client), &unstructured.Unstructured{},
+		cache.SharedIndexInformerOptions{ResyncPeriod: l.resync, Indexers: cache.Indexers{}})
 }
 
 // watchError handles a failed list or watch of gvr: an RBAC denial goes
@@ -186,7 +204,7 @@ func (l *Live) Run(ctx context.Context) bool {
 	if l.reader != nil {
 		go l.reader.run(ctx, readWorkers)
 	}
-	l.factory.Start(ctx.Done())
+	l.infs.Start(ctx.Done())
 	return cache.WaitForCacheSync(ctx.Done(), l.synced...)
 }
 

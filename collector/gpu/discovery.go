@@ -16,11 +16,10 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	klabels "k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/client-go/informers"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/zonewatch/zonewatch/collector/kube"
+	"github.com/zonewatch/zonewatch/internal/kubeapi"
 )
 
 // DefaultDCGMExporterSelectors select dcgm-exporter pods as the NVIDIA GPU
@@ -67,7 +66,7 @@ type Discovery struct {
 	opts      DiscoveryOptions
 	selectors []klabels.Selector
 	logger    *slog.Logger
-	factories []informers.SharedInformerFactory
+	informers kubeapi.Informers
 	synced    []cache.InformerSynced
 
 	mu       sync.Mutex
@@ -100,7 +99,7 @@ type DCGMExporterPod struct {
 }
 
 // NewDiscovery prepares the informers; Run starts them.
-func NewDiscovery(client kubernetes.Interface, o DiscoveryOptions) (*Discovery, error) {
+func NewDiscovery(client kubeapi.Interface, o DiscoveryOptions) (*Discovery, error) {
 	if o.Node == "" {
 		return nil, fmt.Errorf("gpu discovery needs the node name")
 	}
@@ -123,10 +122,9 @@ func NewDiscovery(client kubernetes.Interface, o DiscoveryOptions) (*Discovery, 
 		d.selectors = append(d.selectors, sel)
 	}
 
-	pf := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTweakListOptions(func(lo *metav1.ListOptions) {
+	pi := kubeapi.NewInformer(client, kubeapi.Pods, metav1.NamespaceAll, 0, func(lo *metav1.ListOptions) {
 		lo.FieldSelector = "spec.nodeName=" + o.Node
-	}))
-	pi := pf.Core().V1().Pods().Informer()
+	})
 	if err := pi.SetTransform(stripNodePod); err != nil {
 		return nil, err
 	}
@@ -140,13 +138,12 @@ func NewDiscovery(client kubernetes.Interface, o DiscoveryOptions) (*Discovery, 
 	}); err != nil {
 		return nil, err
 	}
-	d.factories = append(d.factories, pf)
+	d.informers = append(d.informers, pi)
 	d.synced = append(d.synced, pi.HasSynced)
 
-	nf := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTweakListOptions(func(lo *metav1.ListOptions) {
+	ni := kubeapi.NewInformer(client, kubeapi.Nodes, "", 0, func(lo *metav1.ListOptions) {
 		lo.FieldSelector = "metadata.name=" + o.Node
-	}))
-	ni := nf.Core().V1().Nodes().Informer()
+	})
 	if err := ni.SetTransform(stripGPUNode(o.Resources)); err != nil {
 		return nil, err
 	}
@@ -160,14 +157,13 @@ func NewDiscovery(client kubernetes.Interface, o DiscoveryOptions) (*Discovery, 
 	}); err != nil {
 		return nil, err
 	}
-	d.factories = append(d.factories, nf)
+	d.informers = append(d.informers, ni)
 	d.synced = append(d.synced, ni.HasSynced)
 
 	if servesResourceSlices(client) {
-		rf := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTweakListOptions(func(lo *metav1.ListOptions) {
+		ri := kubeapi.NewInformer(client, kubeapi.ResourceSlices, "", 0, func(lo *metav1.ListOptions) {
 			lo.FieldSelector = resourcev1.ResourceSliceSelectorNodeName + "=" + o.Node
-		}))
-		ri := rf.Resource().V1().ResourceSlices().Informer()
+		})
 		if err := d.watchDenied(ri, resourcev1.Resource("resourceslices")); err != nil {
 			return nil, err
 		}
@@ -178,7 +174,7 @@ func NewDiscovery(client kubernetes.Interface, o DiscoveryOptions) (*Discovery, 
 		}); err != nil {
 			return nil, err
 		}
-		d.factories = append(d.factories, rf)
+		d.informers = append(d.informers, ri)
 		d.synced = append(d.synced, ri.HasSynced)
 	} else {
 		o.Logger.Debug("the API serves no resource.k8s.io/v1 ResourceSlices: DRA GPUs are not mapped")
@@ -189,8 +185,8 @@ func NewDiscovery(client kubernetes.Interface, o DiscoveryOptions) (*Discovery, 
 // servesResourceSlices reports whether the API has resource.k8s.io/v1
 // resourceslices (GA in Kubernetes 1.34); watching a missing resource
 // would log an error on every retry.
-func servesResourceSlices(client kubernetes.Interface) bool {
-	rl, err := client.Discovery().ServerResourcesForGroupVersion(resourcev1.SchemeGroupVersion.String())
+func servesResourceSlices(client kubeapi.Interface) bool {
+	rl, err := client.ServerResourcesForGroupVersion(resourcev1.SchemeGroupVersion.String())
 	if err != nil {
 		return false
 	}
@@ -205,9 +201,7 @@ func servesResourceSlices(client kubernetes.Interface) bool {
 // Run starts the informers and returns once they have synced (false when
 // ctx ended first); they keep running until ctx ends.
 func (d *Discovery) Run(ctx context.Context) bool {
-	for _, f := range d.factories {
-		f.Start(ctx.Done())
-	}
+	d.informers.Start(ctx.Done())
 	return cache.WaitForCacheSync(ctx.Done(), d.synced...)
 }
 

@@ -22,6 +22,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/zonewatch/zonewatch/collector/gpu"
+	"github.com/zonewatch/zonewatch/internal/kubeapi"
 	"github.com/zonewatch/zonewatch/internal/testenv"
 	"github.com/zonewatch/zonewatch/sim"
 	"github.com/zonewatch/zonewatch/topology"
@@ -113,7 +114,7 @@ func eventually(t *testing.T, what string, f func() error) {
 	}
 }
 
-func startDiscovery(t *testing.T, c kubernetes.Interface, o gpu.DiscoveryOptions) *gpu.Discovery {
+func startDiscovery(t *testing.T, c kubeapi.Interface, o gpu.DiscoveryOptions) *gpu.Discovery {
 	t.Helper()
 	o.Logger = slog.New(slog.DiscardHandler)
 	d, err := gpu.NewDiscovery(c, o)
@@ -162,7 +163,7 @@ func TestDiscoveryFindsAndFollowsOperatorDCGMExporter(t *testing.T) {
 	// picked: the watch is of this node's pods only.
 	createRunning(t, c, operatorPod("nvidia-dcgm-exporter-zzzzz", "gpu-node-2", int32(port)), "127.0.0.9")
 
-	d := startDiscovery(t, c, gpu.DiscoveryOptions{Node: "gpu-node-1"})
+	d := startDiscovery(t, kubeapi.NewForConfigOrDie(api.Config), gpu.DiscoveryOptions{Node: "gpu-node-1"})
 	if ok, why := d.GPUNode(); !ok || why != "node capacity nvidia.com/gpu=2" {
 		t.Errorf("GPUNode() = %v, %q; want the node's capacity", ok, why)
 	}
@@ -199,7 +200,7 @@ func TestDiscoveryFindsAndFollowsOperatorDCGMExporter(t *testing.T) {
 
 	// A CPU node: no GPU resource, no GPU pod, nothing to export; a pod
 	// requesting a GPU bound to it makes it a GPU node.
-	cpu := startDiscovery(t, c, gpu.DiscoveryOptions{Node: "cpu-node-1"})
+	cpu := startDiscovery(t, kubeapi.NewForConfigOrDie(api.Config), gpu.DiscoveryOptions{Node: "cpu-node-1"})
 	if ok, why := cpu.GPUNode(); ok {
 		t.Errorf("cpu node: GPUNode() = true (%s)", why)
 	}
@@ -239,7 +240,7 @@ func TestDRAGPUGetsItsJobThroughResourceSlice(t *testing.T) {
 	}
 
 	slices := gpu.NewSlices()
-	d := startDiscovery(t, c, gpu.DiscoveryOptions{Node: "gpu-a1", Slices: slices})
+	d := startDiscovery(t, kubeapi.NewForConfigOrDie(api.Config), gpu.DiscoveryOptions{Node: "gpu-a1", Slices: slices})
 	eventually(t, "slice devices mapped", func() error {
 		if slices.Len() != 3 {
 			return fmt.Errorf("%d devices", slices.Len())

@@ -26,6 +26,7 @@ import (
 
 	"github.com/zonewatch/zonewatch/analyze"
 	"github.com/zonewatch/zonewatch/collector/kube"
+	"github.com/zonewatch/zonewatch/internal/kubeapi"
 	"github.com/zonewatch/zonewatch/internal/testenv"
 	"github.com/zonewatch/zonewatch/topology"
 )
@@ -52,8 +53,10 @@ type cluster struct {
 	t      *testing.T
 	ctx    context.Context
 	client kubernetes.Interface
-	dyn    dynamic.Interface
-	meta   metadata.Interface
+	// kapi is the exporter's client of the same apiserver.
+	kapi kubeapi.Interface
+	dyn  dynamic.Interface
+	meta metadata.Interface
 }
 
 func startCluster(t *testing.T) *cluster {
@@ -63,7 +66,7 @@ func startCluster(t *testing.T) *cluster {
 	api := testenv.StartAPIServer(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	t.Cleanup(cancel)
-	c := &cluster{t: t, ctx: ctx, client: kubernetes.NewForConfigOrDie(api.Config),
+	c := &cluster{t: t, ctx: ctx, client: kubernetes.NewForConfigOrDie(api.Config), kapi: kubeapi.NewForConfigOrDie(api.Config),
 		dyn: dynamic.NewForConfigOrDie(api.Config), meta: metadata.NewForConfigOrDie(api.Config)}
 	for i, zone := range []string{"zone-a", "zone-b"} {
 		n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("n-%c", 'a'+i), Labels: map[string]string{kube.LabelZone: zone}}}
@@ -80,11 +83,11 @@ func startCluster(t *testing.T) *cluster {
 // live starts the informers, owner informers included.
 func (c *cluster) live(index *topology.Index, log *syncBuffer) {
 	logger := slog.New(slog.NewTextHandler(log, nil))
-	l, factories, err := kube.NewLive(c.client, index, topology.DefaultRules(), 0, logger)
+	l, factories, err := kube.NewLive(c.kapi, index, topology.DefaultRules(), 0, logger)
 	if err != nil {
 		c.t.Fatal(err)
 	}
-	l.WithOwners(c.meta, c.client.Discovery())
+	l.WithOwners(c.meta, c.kapi)
 	if err := l.Run(c.ctx, factories); err != nil {
 		c.t.Fatal(err)
 	}

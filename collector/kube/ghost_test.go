@@ -19,6 +19,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/zonewatch/zonewatch/collector/kube"
+	"github.com/zonewatch/zonewatch/internal/kubeapi"
 	"github.com/zonewatch/zonewatch/internal/testenv"
 	"github.com/zonewatch/zonewatch/topology"
 )
@@ -475,7 +476,7 @@ func TestGhostPods(t *testing.T) {
 
 	index := topology.NewIndex()
 	rules := topology.DefaultRules()
-	l, fs, err := kube.NewLocal(client, index, rules, ghostNode, 0, slog.New(slog.DiscardHandler))
+	l, fs, err := kube.NewLocal(kubeapi.NewForConfigOrDie(api.Config), index, rules, ghostNode, 0, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}

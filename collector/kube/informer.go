@@ -3,7 +3,6 @@ package kube
 import (
 	"context"
 	"fmt"
-	"github.com/zonewatch/zonewatch/topology"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -11,11 +10,11 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/client-go/discovery"
-	"k8s.io/client-go/informers"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/metadata"
 	"k8s.io/client-go/tools/cache"
+
+	"github.com/zonewatch/zonewatch/internal/kubeapi"
+	"github.com/zonewatch/zonewatch/topology"
 )
 
 // Live feeds the index from a kube-apiserver: one node informer and, per
@@ -33,7 +32,7 @@ type Live struct {
 
 	pods []cache.SharedIndexInformer // by feed source
 	meta metadata.Interface
-	disc discovery.DiscoveryInterface
+	disc Discovery
 	// mu orders a pod's upserts from its own informer and from owner
 	// changes, so a pod deleted meanwhile is never put back.
 	mu     sync.Mutex
@@ -45,7 +44,7 @@ type Live struct {
 	// the job of each of the node's job pods (by namespace/name), the
 	// node's jobs with their selectors, and the holders of each pod it put
 	// in the index (by namespace/name).
-	client   kubernetes.Interface
+	client   kubeapi.Interface
 	strip    func(any) (any, error)
 	feeds    map[jobSel]*jobFeed
 	localJob map[string]jobID
@@ -79,14 +78,14 @@ type Live struct {
 // WithOwners makes Run resolve top owners (TrainJob over JobSet, RayJob
 // over RayCluster) through metadata-only informers; kinds the server does
 // not serve, or the exporter may not list, are skipped with a log line.
-func (l *Live) WithOwners(meta metadata.Interface, disc discovery.DiscoveryInterface) {
+func (l *Live) WithOwners(meta metadata.Interface, disc Discovery) {
 	l.meta, l.disc = meta, disc
 }
 
 // NewLive prepares informers; Run starts them.
-func NewLive(client kubernetes.Interface, index *topology.Index, rules []topology.Rule, resync time.Duration, logger *slog.Logger) (*Live, []informers.SharedInformerFactory, error) {
+func NewLive(client kubeapi.Interface, index *topology.Index, rules []topology.Rule, resync time.Duration, logger *slog.Logger) (*Live, kubeapi.Informers, error) {
 	l := &Live{index: index, rules: rules, logger: logger, resync: resync, denied: NewDenials("kubernetes", logger)}
-	var factories []informers.SharedInformerFactory
+	var factories kubeapi.Informers
 
 	nf, err := l.nodeInformer(client)
 	if err != nil {
@@ -97,9 +96,7 @@ func NewLive(client kubernetes.Interface, index *topology.Index, rules []topolog
 	strip := PodStripper(rules)
 	for i, label := range topology.NameLabels(rules) {
 		source := i
-		pf := informers.NewSharedInformerFactoryWithOptions(client, resync,
-			informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = label }))
-		pi := pf.Core().V1().Pods().Informer()
+		pi := kubeapi.NewInformer(client, kubeapi.Pods, metav1.NamespaceAll, resync, func(o *metav1.ListOptions) { o.LabelSelector = label })
 		if err := pi.SetTransform(strip); err != nil {
 			return nil, nil, fmt.Errorf("pod informer transform: %w", err)
 		}
@@ -125,15 +122,14 @@ func NewLive(client kubernetes.Interface, index *topology.Index, rules []topolog
 		}
 		l.pods = append(l.pods, pi)
 		l.synced = append(l.synced, reg.HasSynced)
-		factories = append(factories, pf)
+		factories = append(factories, pi)
 	}
 	return l, factories, nil
 }
 
 // nodeInformer prepares the node informer: stripped nodes into the index.
-func (l *Live) nodeInformer(client kubernetes.Interface) (informers.SharedInformerFactory, error) {
-	nf := informers.NewSharedInformerFactoryWithOptions(client, l.resync)
-	ni := nf.Core().V1().Nodes().Informer()
+func (l *Live) nodeInformer(client kubeapi.Interface) (cache.SharedIndexInformer, error) {
+	ni := kubeapi.NewInformer(client, kubeapi.Nodes, "", l.resync, nil)
 	if err := ni.SetTransform(StripNode); err != nil {
 		return nil, fmt.Errorf("node informer transform: %w", err)
 	}
@@ -155,13 +151,13 @@ func (l *Live) nodeInformer(client kubernetes.Interface) (informers.SharedInform
 	// The handler's sync, not the informer's: the index holds every node
 	// and pod of the first list only once the handlers have run.
 	l.synced = append(l.synced, nodes.HasSynced)
-	return nf, nil
+	return ni, nil
 }
 
 // Run starts the informers and waits for their first sync (or ctx). The
 // owner informers sync first, so that pods are named after their top
 // owner from the start.
-func (l *Live) Run(ctx context.Context, factories []informers.SharedInformerFactory) error {
+func (l *Live) Run(ctx context.Context, factories kubeapi.Informers) error {
 	if l.meta != nil && l.disc != nil {
 		owners, synced := startOwners(ctx, l.meta, l.disc, l.resync, l.logger, l.denied, l.ownerChanged)
 		if !cache.WaitForCacheSync(ctx.Done(), synced...) {
@@ -192,9 +188,7 @@ func (l *Live) Run(ctx context.Context, factories []informers.SharedInformerFact
 		go l.peers.run(ctx)
 		go l.peers.runLookups(ctx)
 	}
-	for _, f := range factories {
-		f.Start(ctx.Done())
-	}
+	factories.Start(ctx.Done())
 	if !cache.WaitForCacheSync(ctx.Done(), l.synced...) {
 		return fmt.Errorf("waiting for node and pod informers to sync: %w", ctx.Err())
 	}

@@ -14,12 +14,11 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/resourceversion"
 	"k8s.io/apimachinery/pkg/watch"
-	"k8s.io/client-go/informers"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/zonewatch/zonewatch/internal/kubeapi"
 	"github.com/zonewatch/zonewatch/topology"
 )
 
@@ -91,7 +90,7 @@ type holding struct {
 //
 // With PeerNodes, it reads only the nodes it needs instead of watching
 // every node (nodes.go).
-func NewLocal(client kubernetes.Interface, index *topology.Index, rules []topology.Rule, node string, resync time.Duration, logger *slog.Logger, opts ...LocalOption) (*Live, []informers.SharedInformerFactory, error) {
+func NewLocal(client kubeapi.Interface, index *topology.Index, rules []topology.Rule, node string, resync time.Duration, logger *slog.Logger, opts ...LocalOption) (*Live, kubeapi.Informers, error) {
 	if node == "" {
 		return nil, nil, fmt.Errorf("the per-node view needs the node's name")
 	}
@@ -105,7 +104,7 @@ func NewLocal(client kubernetes.Interface, index *topology.Index, rules []topolo
 	// A remote job an identity selects but cannot name (a RayJob's
 	// submitter, an Indexed Job) is listed on demand (remote.go).
 	index.SetRemoteFeeds(l)
-	var factories []informers.SharedInformerFactory
+	var factories kubeapi.Informers
 	if l.peers == nil {
 		nf, err := l.nodeInformer(client)
 		if err != nil {
@@ -118,11 +117,9 @@ func NewLocal(client kubernetes.Interface, index *topology.Index, rules []topolo
 		l.peers.mu.Unlock()
 		index.SetNodeReads(l.peers)
 	}
-	pf := informers.NewSharedInformerFactoryWithOptions(client, resync,
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-			o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", node).String()
-		}))
-	pi := pf.Core().V1().Pods().Informer()
+	pi := kubeapi.NewInformer(client, kubeapi.Pods, metav1.NamespaceAll, resync, func(o *metav1.ListOptions) {
+		o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", node).String()
+	})
 	if err := l.podInformer(pi); err != nil {
 		return nil, nil, err
 	}
@@ -136,7 +133,7 @@ func NewLocal(client kubernetes.Interface, index *topology.Index, rules []topolo
 		return nil, nil, fmt.Errorf("pod informer handler: %w", err)
 	}
 	l.synced = append(l.synced, reg.HasSynced)
-	return l, append(factories, pf), nil
+	return l, append(factories, pi), nil
 }
 
 // podInformer gives a pod informer the transform, the denial handler and
@@ -530,20 +527,19 @@ func (l *Live) reidentifyLocked(owners map[string]bool) {
 
 func (l *Live) startFeedLocked(sel jobSel) (*jobFeed, error) {
 	selector := labels.SelectorFromSet(labels.Set{sel.label: sel.value}).String()
-	pods := l.client.CoreV1().Pods(sel.namespace)
 	lw := &cache.ListWatch{
 		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (obj runtime.Object, err error) {
 			o.LabelSelector = selector
-			l.around(sel.String(), "list", nil, func() { obj, err = pods.List(ctx, o) })
+			l.around(sel.String(), "list", nil, func() { obj, err = l.client.List(ctx, kubeapi.Pods, sel.namespace, o) })
 			return obj, err
 		},
 		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (w watch.Interface, err error) {
 			o.LabelSelector = selector
-			l.around(sel.String(), "watch", nil, func() { w, err = pods.Watch(ctx, o) })
+			l.around(sel.String(), "watch", nil, func() { w, err = l.client.Watch(ctx, kubeapi.Pods, sel.namespace, o) })
 			return w, err
 		},
 	}
-	inf := cache.NewSharedIndexInformer(lw, &corev1.Pod{}, l.resync, cache.Indexers{})
+	inf := cache.NewSharedIndexInformer(cache.ToListWatcherWithWatchListSemantics(lw, l.client), &corev1.Pod{}, l.resync, cache.Indexers{})
 	if err := l.podInformer(inf); err != nil {
 		return nil, err
 	}

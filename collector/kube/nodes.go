@@ -14,9 +14,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/util/flowcontrol"
 
+	"github.com/zonewatch/zonewatch/internal/kubeapi"
 	"github.com/zonewatch/zonewatch/topology"
 )
 
@@ -49,7 +49,7 @@ func PeerNodes(refresh time.Duration) LocalOption {
 // peerNodes is the lean node view: nodes resolved by name and by address,
 // never watched.
 type peerNodes struct {
-	client  kubernetes.Interface
+	client  kubeapi.Interface
 	index   *topology.Index
 	logger  *slog.Logger
 	refresh time.Duration
@@ -123,7 +123,7 @@ const (
 	lookupBurst = 20
 )
 
-func newPeerNodes(client kubernetes.Interface, index *topology.Index, logger *slog.Logger, refresh time.Duration) *peerNodes {
+func newPeerNodes(client kubeapi.Interface, index *topology.Index, logger *slog.Logger, refresh time.Duration) *peerNodes {
 	return &peerNodes{client: client, index: index, logger: logger, refresh: refresh,
 		refs: map[string]int{}, podNode: map[string]string{}, known: map[string]time.Time{}, want: map[string]bool{},
 		byAddr: map[netip.Addr]string{}, wake: make(chan struct{}, 1), settled: make(chan struct{}),
@@ -294,7 +294,7 @@ func (p *peerNodes) settleLocked() {
 // read lists one node by name and puts it in the index while it is held.
 func (p *peerNodes) read(ctx context.Context, name string) error {
 	p.Reads.Add(1)
-	list, err := p.client.CoreV1().Nodes().List(ctx, metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("metadata.name", name).String()})
+	list, err := kubeapi.ListNodes(ctx, p.client, metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("metadata.name", name).String()})
 	if err != nil {
 		if p.denied == nil || !p.denied.Note(schema.GroupResource{Resource: "nodes"}, err) {
 			p.logger.Warn("reading a node", "node", name, "err", err)
@@ -443,7 +443,7 @@ func (p *peerNodes) listPodNode(ctx context.Context, reads *atomic.Int64, sel fi
 		return "", err
 	}
 	reads.Add(1)
-	list, err := p.client.CoreV1().Pods(metav1.NamespaceAll).List(ctx, metav1.ListOptions{FieldSelector: sel.String(), Limit: 1})
+	list, err := kubeapi.ListPods(ctx, p.client, metav1.NamespaceAll, metav1.ListOptions{FieldSelector: sel.String(), Limit: 1})
 	if err != nil {
 		if p.denied == nil || !p.denied.Note(schema.GroupResource{Resource: "pods"}, err) {
 			p.logger.Warn("finding the node of an address", "selector", sel.String(), "err", err)

@@ -16,6 +16,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/zonewatch/zonewatch/collector/kube"
+	"github.com/zonewatch/zonewatch/internal/kubeapi"
 	"github.com/zonewatch/zonewatch/internal/testenv"
 	"github.com/zonewatch/zonewatch/topology"
 )
@@ -109,7 +110,7 @@ func TestPeerNodes(t *testing.T) {
 			return rt.RoundTrip(r)
 		})
 	}
-	client := kubernetes.NewForConfigOrDie(cfg)
+	client := kubeapi.NewForConfigOrDie(cfg)
 	index := topology.NewIndex()
 	addr := netip.MustParseAddr
 	remote := addr("10.1.4.7")   // a pod of no job on node-4, with an agent-like pod

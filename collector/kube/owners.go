@@ -10,12 +10,13 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/client-go/discovery"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/metadata"
-	"k8s.io/client-go/metadata/metadatainformer"
 	"k8s.io/client-go/tools/cache"
 
+	"github.com/zonewatch/zonewatch/internal/kubeapi"
 	"github.com/zonewatch/zonewatch/topology"
 )
 
@@ -228,11 +229,11 @@ func StripOwner(obj any) (any, error) {
 // (Denials) and watched all the same, without waiting for it: its informer
 // retries, and once the rule is granted it syncs and the pods below its
 // objects are named after their top owner.
-func startOwners(ctx context.Context, meta metadata.Interface, disc discovery.DiscoveryInterface, resync time.Duration, logger *slog.Logger,
+func startOwners(ctx context.Context, meta metadata.Interface, disc Discovery, resync time.Duration, logger *slog.Logger,
 	denied *Denials, changed func(key string)) (*ownerStore, []cache.InformerSynced) {
 	store := &ownerStore{stores: map[groupKind][]cache.Store{}}
 	var synced []cache.InformerSynced
-	var factories []metadatainformer.SharedInformerFactory
+	var factories kubeapi.Informers
 	for _, res := range OwnerResources {
 		forbidden := false
 		if err := served(ctx, meta, disc, res); err != nil {
@@ -243,8 +244,7 @@ func startOwners(ctx context.Context, meta metadata.Interface, disc discovery.Di
 			}
 		}
 		sel := res.Selector
-		f := metadatainformer.NewFilteredSharedInformerFactory(meta, resync, metav1.NamespaceAll, func(o *metav1.ListOptions) { o.LabelSelector = sel })
-		inf := f.ForResource(res.GVR).Informer()
+		inf := metadataInformer(meta, res.GVR, sel, resync)
 		if err := inf.SetTransform(StripOwner); err != nil {
 			logger.Warn("owner informer transform", "resource", res.GVR.String(), "err", err)
 			continue
@@ -284,12 +284,30 @@ func startOwners(ctx context.Context, meta metadata.Interface, disc discovery.Di
 		if !forbidden {
 			synced = append(synced, inf.HasSynced)
 		}
-		factories = append(factories, f)
+		factories = append(factories, inf)
 	}
-	for _, f := range factories {
-		f.Start(ctx.Done())
-	}
+	factories.Start(ctx.Done())
 	return store, synced
+}
+
+// metadataInformer lists and watches the metadata of gvr's objects that
+// carry sel in every namespace, as client-go's metadata informer does (not
+// its factory: that one brings every built-in group's informers into the
+// binary, docs/performance.md).
+func metadataInformer(meta metadata.Interface, gvr schema.GroupVersionResource, sel string, resync time.Duration) cache.SharedIndexInformer {
+	r := meta.Resource(gvr)
+	lw := &cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			o.LabelSelector = sel
+			return r.List(ctx, o)
+		},
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			o.LabelSelector = sel
+			return r.Watch(ctx, o)
+		},
+	}
+	return cache.NewSharedIndexInformerWithOptions(cache.ToListWatcherWithWatchListSemantics(lw, meta), &metav1.PartialObjectMetadata{},
+		cache.SharedIndexInformerOptions{ResyncPeriod: resync, Indexers: cache.Indexers{}})
 }
 
 func sameController(a, b *metav1.PartialObjectMetadata) bool {
@@ -300,9 +318,15 @@ func sameController(a, b *metav1.PartialObjectMetadata) bool {
 	return ca.Kind == cb.Kind && ca.Name == cb.Name && ca.APIVersion == cb.APIVersion
 }
 
+// Discovery says which resources a group version serves, as client-go's
+// discovery client does (kubeapi.Client answers it too).
+type Discovery interface {
+	ServerResourcesForGroupVersion(groupVersion string) (*metav1.APIResourceList, error)
+}
+
 // served checks through discovery that the server has the resource, and
 // that the exporter may list it.
-func served(ctx context.Context, meta metadata.Interface, disc discovery.DiscoveryInterface, res OwnerResource) error {
+func served(ctx context.Context, meta metadata.Interface, disc Discovery, res OwnerResource) error {
 	list, err := disc.ServerResourcesForGroupVersion(res.GVR.GroupVersion().String())
 	if apierrors.IsNotFound(err) {
 		return errors.New("not served (CRD not installed)")

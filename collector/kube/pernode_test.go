@@ -34,6 +34,7 @@ import (
 	"github.com/zonewatch/zonewatch/collector/conntrack"
 	"github.com/zonewatch/zonewatch/collector/hubble"
 	"github.com/zonewatch/zonewatch/collector/kube"
+	"github.com/zonewatch/zonewatch/internal/kubeapi"
 	"github.com/zonewatch/zonewatch/internal/testenv"
 	"github.com/zonewatch/zonewatch/topology"
 )
@@ -645,11 +646,11 @@ func TestPerNodeViewMatchesClusterWide(t *testing.T) {
 	rules := topology.DefaultRules()
 	logger := slog.New(slog.DiscardHandler)
 	wide := topology.NewIndex()
-	l, fs, err := kube.NewLive(client, wide, rules, 0, logger)
+	l, fs, err := kube.NewLive(kubeapi.NewForConfigOrDie(api.Config), wide, rules, 0, logger)
 	if err != nil {
 		t.Fatal(err)
 	}
-	l.WithOwners(meta, client.Discovery())
+	l.WithOwners(meta, kubeapi.NewForConfigOrDie(api.Config))
 	if err := l.Run(ctx, fs); err != nil {
 		t.Fatal(err)
 	}
@@ -670,12 +671,12 @@ func TestPerNodeViewMatchesClusterWide(t *testing.T) {
 		tr := &feedTraffic{by: map[string]*feedCost{}}
 		cfg := rest.CopyConfig(api.Config)
 		cfg.WrapTransport = tr.wrap
-		nodeClient := kubernetes.NewForConfigOrDie(cfg)
+		nodeClient := kubeapi.NewForConfigOrDie(cfg)
 		l, fs, err := kube.NewLocal(nodeClient, idx, rules, node, 0, logger)
 		if err != nil {
 			t.Fatal(err)
 		}
-		l.WithOwners(meta, client.Discovery())
+		l.WithOwners(meta, kubeapi.NewForConfigOrDie(api.Config))
 		if err := l.Run(ctx, fs); err != nil {
 			t.Fatal(err)
 		}

@@ -39,11 +39,11 @@ func TestPerNodeViewRayJob(t *testing.T) {
 	rules := topology.DefaultRules()
 	logger := slog.New(slog.DiscardHandler)
 	wide := topology.NewIndex()
-	lw, fs, err := kube.NewLive(c.client, wide, rules, 0, logger)
+	lw, fs, err := kube.NewLive(c.kapi, wide, rules, 0, logger)
 	if err != nil {
 		t.Fatal(err)
 	}
-	lw.WithOwners(c.meta, c.client.Discovery())
+	lw.WithOwners(c.meta, c.kapi)
 	if err := lw.Run(c.ctx, fs); err != nil {
 		t.Fatal(err)
 	}
@@ -51,11 +51,11 @@ func TestPerNodeViewRayJob(t *testing.T) {
 	feeds := map[string]*kube.Live{}
 	for _, node := range []string{"n-a", "n-b"} {
 		idx := topology.NewIndex()
-		l, fs, err := kube.NewLocal(c.client, idx, rules, node, 0, logger)
+		l, fs, err := kube.NewLocal(c.kapi, idx, rules, node, 0, logger)
 		if err != nil {
 			t.Fatal(err)
 		}
-		l.WithOwners(c.meta, c.client.Discovery())
+		l.WithOwners(c.meta, c.kapi)
 		if err := l.Run(c.ctx, fs); err != nil {
 			t.Fatal(err)
 		}

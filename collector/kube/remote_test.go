@@ -62,7 +62,7 @@ func TestRemoteJobsOnDemand(t *testing.T) {
 	rules := topology.DefaultRules()
 	idx := topology.NewIndex()
 	idx.SetRemote("n-a", nodeIPCache{cil, "n-a"}, cil, rules)
-	l, fs, err := kube.NewLocal(c.client, idx, rules, "n-a", 0, slog.New(slog.DiscardHandler))
+	l, fs, err := kube.NewLocal(c.kapi, idx, rules, "n-a", 0, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,12 +13,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/client-go/informers"
-	coreinformers "k8s.io/client-go/informers/core/v1"
-	discoveryinformers "k8s.io/client-go/informers/discovery/v1"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 
+	"github.com/zonewatch/zonewatch/internal/kubeapi"
 	"github.com/zonewatch/zonewatch/topology"
 )
 
@@ -75,19 +72,15 @@ var (
 
 // NewServices prepares the Service and EndpointSlice informers; Run
 // starts them.
-func NewServices(client kubernetes.Interface, index *topology.Index, resync time.Duration, logger *slog.Logger) (*Services, informers.SharedInformerFactory, error) {
+func NewServices(client kubeapi.Interface, index *topology.Index, resync time.Duration, logger *slog.Logger) (*Services, kubeapi.Informers, error) {
 	s := &Services{index: index, logger: logger, denied: NewDenials("kubernetes", logger)}
-	f := informers.NewSharedInformerFactoryWithOptions(client, resync)
 	// Only what can place an address: Services with a cluster IP (not
 	// headless, not ExternalName: a job's headless Service has none) and
 	// the EndpointSlices of such Services (the EndpointSlice controller
 	// labels a headless Service's slices service.kubernetes.io/headless,
 	// as kube-proxy selects them), so that what an exporter lists and
 	// watches does not grow with the jobs' headless Services.
-	si := f.InformerFor(&corev1.Service{}, func(c kubernetes.Interface, resync time.Duration) cache.SharedIndexInformer {
-		return coreinformers.NewFilteredServiceInformer(c, metav1.NamespaceAll, resync, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc},
-			func(o *metav1.ListOptions) { o.FieldSelector = serviceFields })
-	})
+	si := kubeapi.NewInformer(client, kubeapi.Services, metav1.NamespaceAll, resync, func(o *metav1.ListOptions) { o.FieldSelector = serviceFields })
 	if err := si.SetTransform(s.stripService); err != nil {
 		return nil, nil, fmt.Errorf("service informer transform: %w", err)
 	}
@@ -107,10 +100,7 @@ func NewServices(client kubernetes.Interface, index *topology.Index, resync time
 		return nil, nil, fmt.Errorf("service informer handler: %w", err)
 	}
 	s.synced = append(s.synced, reg.HasSynced)
-	ei := f.InformerFor(&discoveryv1.EndpointSlice{}, func(c kubernetes.Interface, resync time.Duration) cache.SharedIndexInformer {
-		return discoveryinformers.NewFilteredEndpointSliceInformer(c, metav1.NamespaceAll, resync, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc},
-			func(o *metav1.ListOptions) { o.LabelSelector = sliceLabels })
-	})
+	ei := kubeapi.NewInformer(client, kubeapi.EndpointSlices, metav1.NamespaceAll, resync, func(o *metav1.ListOptions) { o.LabelSelector = sliceLabels })
 	if err := ei.SetTransform(s.stripSlice); err != nil {
 		return nil, nil, fmt.Errorf("endpointslice informer transform: %w", err)
 	}
@@ -130,11 +120,11 @@ func NewServices(client kubernetes.Interface, index *topology.Index, resync time
 		return nil, nil, fmt.Errorf("endpointslice informer handler: %w", err)
 	}
 	s.synced = append(s.synced, reg.HasSynced)
-	return s, f, nil
+	return s, kubeapi.Informers{si, ei}, nil
 }
 
 // Run starts the informers and waits for their first sync (or ctx).
-func (s *Services) Run(ctx context.Context, f informers.SharedInformerFactory) error {
+func (s *Services) Run(ctx context.Context, f kubeapi.Informers) error {
 	f.Start(ctx.Done())
 	if !cache.WaitForCacheSync(ctx.Done(), s.synced...) {
 		return fmt.Errorf("waiting for service and endpointslice informers to sync: %w", ctx.Err())

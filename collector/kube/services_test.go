@@ -24,7 +24,7 @@ func TestServicesFromAPIServer(t *testing.T) {
 	idx := topology.NewIndex()
 	idx.UpsertNode(topology.Node{Name: "n-b", Zone: "zone-b", PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.2.0/24")}})
 	log := &syncBuffer{}
-	s, f, err := kube.NewServices(c.client, idx, 0, slog.New(slog.NewTextHandler(log, nil)))
+	s, f, err := kube.NewServices(c.kapi, idx, 0, slog.New(slog.NewTextHandler(log, nil)))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -20,6 +20,7 @@ import (
 
 	"github.com/zonewatch/zonewatch/collector/hubble"
 	"github.com/zonewatch/zonewatch/collector/kube"
+	"github.com/zonewatch/zonewatch/internal/kubeapi"
 	"github.com/zonewatch/zonewatch/internal/testenv"
 	"github.com/zonewatch/zonewatch/sim"
 	"github.com/zonewatch/zonewatch/topology"
@@ -105,7 +106,7 @@ func TestStartupDropsCounted(t *testing.T) {
 	index := topology.NewIndex()
 	ipc := &startupIPCache{}
 	index.SetRemote("node-0", ipc, nil, topology.DefaultRules())
-	l, fs, err := kube.NewLocal(client, index, topology.DefaultRules(), "node-0", 0, slog.New(slog.DiscardHandler))
+	l, fs, err := kube.NewLocal(kubeapi.NewForConfigOrDie(api.Config), index, topology.DefaultRules(), "node-0", 0, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,11 +9,10 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/client-go/informers"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/zonewatch/zonewatch/collector/kube"
+	"github.com/zonewatch/zonewatch/internal/kubeapi"
 )
 
 // DefaultSelector selects the chart's exporter pods.
@@ -33,11 +32,10 @@ type PodPeers struct {
 // namespace. A denied list or watch is logged once at error with the rule
 // to add, as the other informers' are (kube.Denials, source "probe"): until
 // it is granted there are no peers and Up is false.
-func NewPodPeers(client kubernetes.Interface, selector string, port int, zoneOf func(string) string, logger *slog.Logger) *PodPeers {
-	f := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+func NewPodPeers(client kubeapi.Interface, selector string, port int, zoneOf func(string) string, logger *slog.Logger) *PodPeers {
+	inf := kubeapi.NewInformer(client, kubeapi.Pods, metav1.NamespaceAll, 0, func(o *metav1.ListOptions) {
 		o.LabelSelector = selector
-	}))
-	inf := f.Core().V1().Pods().Informer()
+	})
 	// Keep only what probing needs, in a Pod still: the informer's store
 	// keys objects by their namespace and name.
 	_ = inf.SetTransform(func(o any) (any, error) {
@@ -53,7 +51,7 @@ func NewPodPeers(client kubernetes.Interface, selector string, port int, zoneOf 
 	})
 	// Fails only on a started informer.
 	_ = kube.NewDenials("probe", logger).Watch(inf, schema.GroupResource{Resource: "pods"})
-	return &PodPeers{store: inf.GetStore(), synced: inf.HasSynced, port: port, zoneOf: zoneOf, start: f.Start}
+	return &PodPeers{store: inf.GetStore(), synced: inf.HasSynced, port: port, zoneOf: zoneOf, start: kubeapi.Informers{inf}.Start}
 }
 
 // Up reports whether the peer list has synced

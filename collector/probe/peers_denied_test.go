@@ -13,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/zonewatch/zonewatch/internal/kubeapi"
 	"github.com/zonewatch/zonewatch/internal/testenv"
 )
 
@@ -50,7 +51,7 @@ func TestPodPeersDenied(t *testing.T) {
 	}
 
 	var log testenv.SyncBuffer
-	pp := NewPodPeers(kubernetes.NewForConfigOrDie(id.Config), DefaultSelector, DefaultPort, func(string) string { return "zone-b" },
+	pp := NewPodPeers(kubeapi.NewForConfigOrDie(id.Config), DefaultSelector, DefaultPort, func(string) string { return "zone-b" },
 		slog.New(slog.NewTextHandler(&log, nil)))
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()

@@ -12,6 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/zonewatch/zonewatch/internal/kubeapi"
 	"github.com/zonewatch/zonewatch/internal/testenv"
 )
 
@@ -68,7 +69,7 @@ func TestPodPeersOnAPIServer(t *testing.T) {
 	})
 
 	zones := map[string]string{"node-a": "zone-a", "node-b": "zone-b", "node-c": "zone-c"}
-	pp := NewPodPeers(c, "app.kubernetes.io/name=zonewatch,app.kubernetes.io/instance=zw", DefaultPort, func(n string) string { return zones[n] }, slog.New(slog.DiscardHandler))
+	pp := NewPodPeers(kubeapi.NewForConfigOrDie(api.Config), "app.kubernetes.io/name=zonewatch,app.kubernetes.io/instance=zw", DefaultPort, func(n string) string { return zones[n] }, slog.New(slog.DiscardHandler))
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	pp.Start(runCtx)

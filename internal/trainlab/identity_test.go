@@ -15,6 +15,7 @@ import (
 	"k8s.io/client-go/metadata"
 
 	"github.com/zonewatch/zonewatch/collector/kube"
+	"github.com/zonewatch/zonewatch/internal/kubeapi"
 	"github.com/zonewatch/zonewatch/internal/schedlab"
 	"github.com/zonewatch/zonewatch/internal/trainlab"
 	"github.com/zonewatch/zonewatch/topology"
@@ -50,11 +51,11 @@ func TestRealControllers(t *testing.T) {
 		t.Fatal(err)
 	}
 	idx := topology.NewIndex()
-	live, fs, err := kube.NewLive(bed.Client, idx, topology.DefaultRules(), 0, slog.New(slog.DiscardHandler))
+	live, fs, err := kube.NewLive(kubeapi.NewForConfigOrDie(bed.API.Config), idx, topology.DefaultRules(), 0, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
-	live.WithOwners(meta, bed.Client.Discovery())
+	live.WithOwners(meta, kubeapi.NewForConfigOrDie(bed.API.Config))
 	if err := live.Run(ctx, fs); err != nil {
 		t.Fatal(err)
 	}

@@ -15,6 +15,7 @@ import (
 	"k8s.io/client-go/metadata"
 
 	"github.com/zonewatch/zonewatch/collector/kube"
+	"github.com/zonewatch/zonewatch/internal/kubeapi"
 	"github.com/zonewatch/zonewatch/internal/schedlab"
 	"github.com/zonewatch/zonewatch/internal/trainlab"
 	"github.com/zonewatch/zonewatch/topology"
@@ -58,11 +59,11 @@ func watchBed(ctx context.Context, t *testing.T, bed *trainlab.Bed) *viewer {
 		t.Fatal(err)
 	}
 	idx := topology.NewIndex()
-	live, fs, err := kube.NewLive(bed.Client, idx, topology.DefaultRules(), 0, slog.New(slog.DiscardHandler))
+	live, fs, err := kube.NewLive(kubeapi.NewForConfigOrDie(bed.API.Config), idx, topology.DefaultRules(), 0, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
-	live.WithOwners(meta, bed.Client.Discovery())
+	live.WithOwners(meta, kubeapi.NewForConfigOrDie(bed.API.Config))
 	if err := live.Run(ctx, fs); err != nil {
 		t.Fatal(err)
 	}
@@ -314,11 +315,11 @@ func nodeViews(ctx context.Context, v *viewer) map[string]*topology.Index {
 	views := map[string]*topology.Index{}
 	for _, n := range nodes.Items {
 		idx := topology.NewIndex()
-		l, fs, err := kube.NewLocal(v.bed.Client, idx, topology.DefaultRules(), n.Name, 0, slog.New(slog.DiscardHandler))
+		l, fs, err := kube.NewLocal(kubeapi.NewForConfigOrDie(v.bed.API.Config), idx, topology.DefaultRules(), n.Name, 0, slog.New(slog.DiscardHandler))
 		if err != nil {
 			v.t.Fatal(err)
 		}
-		l.WithOwners(meta, v.bed.Client.Discovery())
+		l.WithOwners(meta, kubeapi.NewForConfigOrDie(v.bed.API.Config))
 		if err := l.Run(ctx, fs); err != nil {
 			v.t.Fatal(err)
 		}
