@@ -221,11 +221,26 @@ func (x *Index) PlacementPending(a netip.Addr) bool {
 		return false
 	}
 	ent, ok := x.remote.ipc.Lookup(a)
-	if !ok || !ent.NodeIP.IsValid() || ent.NodeIP.IsUnspecified() {
+	if !ok {
 		return false
 	}
-	ep := ent.NodeIP.Unmap()
-	return x.nodeIPs[ep] == nil && x.nodeReads.Pending(ep)
+	ep, ok := nodeEndpoint(a, ent)
+	return ok && x.nodeIPs[ep] == nil && x.nodeReads.Pending(ep)
+}
+
+// nodeEndpoint is the address through which the node behind a's ipcache
+// entry is found: the tunnel endpoint the entry names or, for an address
+// the entry says is a remote node's own (identity remote-node or
+// kube-apiserver, no tunnel endpoint: Cilium keeps none for node
+// addresses), the address itself (its node's host-network pods have it).
+func nodeEndpoint(a netip.Addr, ent RemoteEntry) (netip.Addr, bool) {
+	if ent.NodeIP.IsValid() && !ent.NodeIP.IsUnspecified() {
+		return ent.NodeIP.Unmap(), true
+	}
+	if int(ent.Bits) == a.BitLen() && (ent.Identity == identityRemoteNode || ent.Identity == identityAPIServer) {
+		return a, true
+	}
+	return netip.Addr{}, false
 }
 
 // SetRemoteOwners makes the per-node view name a remote pod's job after
@@ -275,13 +290,12 @@ func (x *Index) remoteLocked(a netip.Addr) (Endpoint, bool) {
 		return Endpoint{}, false
 	}
 	var n *nodeRec
-	switch {
-	case ent.NodeIP.IsValid() && !ent.NodeIP.IsUnspecified():
-		n = x.nodeIPs[ent.NodeIP.Unmap()]
+	if ep, ok := nodeEndpoint(a, ent); ok {
+		n = x.nodeIPs[ep]
 		if n == nil && x.nodeReads != nil {
-			x.nodeReads.Miss(ent.NodeIP.Unmap(), a)
+			x.nodeReads.Miss(ep, a)
 		}
-	case localEndpoint(a, ent):
+	} else if localEndpoint(a, ent) {
 		n = x.nodes[r.node]
 	}
 	if n == nil {

@@ -273,3 +273,56 @@ func TestRemoteViewAsksForJobsItCannotName(t *testing.T) {
 		t.Fatalf("lookups of demanded jobs allocate: %v allocs per run", allocs)
 	}
 }
+
+// nodeReads records the lean node view's misses and says which endpoints
+// are being read.
+type nodeReads struct {
+	misses  [][2]netip.Addr
+	pending map[netip.Addr]bool
+}
+
+func (r *nodeReads) Miss(endpoint, addr netip.Addr) {
+	r.misses = append(r.misses, [2]netip.Addr{endpoint, addr})
+	r.pending[endpoint] = true
+}
+
+func (r *nodeReads) Pending(endpoint netip.Addr) bool { return r.pending[endpoint] }
+
+// TestRemoteNodeAddressRead: in the lean node view, a remote node's own
+// address (identity remote-node or kube-apiserver, no tunnel endpoint:
+// Cilium keeps none for node addresses) of a node not held asks for the
+// node behind that address itself, waits while it is read, and is placed
+// once the node is held with it; a world address or a CIDR identity asks
+// for nothing. Before, such an address stayed unknown until a pod of that
+// node was held (TestPerNodeViewMatchesClusterWide, seed
+// 1796594563442962710).
+func TestRemoteNodeAddressRead(t *testing.T) {
+	x := testIndex()
+	f := &fakeCilium{entries: map[netip.Addr]RemoteEntry{
+		ip("172.18.9.10"): {Identity: identityRemoteNode},
+		ip("172.18.9.11"): {Identity: identityAPIServer},
+		ip("10.248.0.2"):  {Identity: 1<<24 | 5}, // a CIDR identity
+	}}
+	x.SetRemote("n-a", f, f, DefaultRules())
+	reads := &nodeReads{pending: map[netip.Addr]bool{}}
+	x.SetNodeReads(reads)
+	for _, a := range []string{"172.18.9.10", "172.18.9.11", "10.248.0.2", "10.249.0.1"} {
+		if e, ok := x.LookupIP(ip(a)); ok {
+			t.Errorf("%s placed before its node is read: %+v", a, e)
+		}
+	}
+	want := [][2]netip.Addr{{ip("172.18.9.10"), ip("172.18.9.10")}, {ip("172.18.9.11"), ip("172.18.9.11")}}
+	if len(reads.misses) != len(want) || reads.misses[0] != want[0] || reads.misses[1] != want[1] {
+		t.Fatalf("misses %v, want %v (the node addresses themselves, nothing for world or CIDR identities)", reads.misses, want)
+	}
+	if !x.PlacementPending(ip("172.18.9.10")) || x.PlacementPending(ip("10.248.0.2")) {
+		t.Errorf("pending: node address %v, CIDR identity %v; want true, false", x.PlacementPending(ip("172.18.9.10")), x.PlacementPending(ip("10.248.0.2")))
+	}
+	x.UpsertNode(Node{Name: "n-z", Zone: "z-z", Addresses: []netip.Addr{ip("172.18.9.10")}})
+	if e, ok := x.LookupIP(ip("172.18.9.10")); !ok || e.Node != "n-z" || e.Zone != "z-z" {
+		t.Errorf("the node address once its node is held: %+v %v, want n-z in z-z", e, ok)
+	}
+	if x.PlacementPending(ip("172.18.9.10")) {
+		t.Errorf("still pending once its node is held")
+	}
+}
