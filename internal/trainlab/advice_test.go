@@ -64,11 +64,11 @@ type adviceKind struct {
 }
 
 // adviceControllers start the kinds' controllers on the bed.
-var adviceControllers = map[string]func(t *testing.T, bed *trainlab.Bed){
-	"jobset v0.11.1":           func(t *testing.T, bed *trainlab.Bed) { bed.StartJobSet(t) },
-	"training-operator v1.9.3": func(t *testing.T, bed *trainlab.Bed) { bed.StartTrainingOperator(t) },
-	"kuberay v1.6.0":           func(t *testing.T, bed *trainlab.Bed) { bed.StartKubeRay(t) },
-	"mpi-operator v0.8.0":      func(t *testing.T, bed *trainlab.Bed) { bed.StartMPIOperator(t) },
+var adviceControllers = map[string]func(t *testing.T, bed *trainlab.Bed) *trainlab.Running{
+	"jobset v0.11.1":           func(t *testing.T, bed *trainlab.Bed) *trainlab.Running { return bed.StartJobSet(t) },
+	"training-operator v1.9.3": func(t *testing.T, bed *trainlab.Bed) *trainlab.Running { return bed.StartTrainingOperator(t) },
+	"kuberay v1.6.0":           func(t *testing.T, bed *trainlab.Bed) *trainlab.Running { return bed.StartKubeRay(t) },
+	"mpi-operator v0.8.0":      func(t *testing.T, bed *trainlab.Bed) *trainlab.Running { return bed.StartMPIOperator(t) },
 }
 
 var adviceKinds = []adviceKind{
@@ -135,9 +135,10 @@ func runAdviceCells(t *testing.T, kinds []adviceKind) {
 	start := time.Now()
 	bed := trainlab.Start(t, trainlab.WithGang())
 	var frameworks, names []string
+	ctrlLogs := map[string]string{}
 	for _, k := range kinds {
 		if !slices.Contains(names, k.controller) {
-			adviceControllers[k.controller](t, bed)
+			ctrlLogs[k.controller] = adviceControllers[k.controller](t, bed).Log
 			names = append(names, k.controller)
 		}
 		frameworks = append(frameworks, k.framework)
@@ -148,14 +149,13 @@ func runAdviceCells(t *testing.T, kinds []adviceKind) {
 	kq := kueuelab.Attach(t, bed.Lab, frameworks...)
 	t.Logf("bed ready in %s: apiserver, scheduler and kube-controller-manager with the gang gates, %s, the PodGroup policy, Kueue",
 		time.Since(start).Round(time.Second), strings.Join(names, " and "))
-	// Twice a stuck cell's wait, the unfixed job's and the advised one's.
-	ctx, cancel := context.WithTimeout(context.Background(), 2*stuckAfter+2*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
 	var cells []*adviceCell
 	for _, k := range kinds {
 		for _, a := range advices {
 			for _, c := range adviceCases {
-				cells = append(cells, &adviceCell{bed: bed, kueue: kq, kind: k, advice: a, kase: c})
+				cells = append(cells, &adviceCell{bed: bed, kueue: kq, kind: k, advice: a, kase: c, ctrlLog: ctrlLogs[k.controller]})
 			}
 		}
 	}
@@ -194,6 +194,7 @@ type adviceCell struct {
 	result       string
 	err          error
 	logs         []string
+	ctrlLog      string // the kind's controller's log file
 	zoneOf       map[string]string
 	inZone       map[string]int // GPU nodes per zone letter
 }
@@ -416,13 +417,12 @@ func (c *adviceCell) classify(p schedlab.Placement) string {
 	}
 }
 
-// stuckAfter is how long a cell waits for the controller to make the
-// job's pods before it calls the job stuck: longer than the periodic
-// requeue a controller falls back on when an event was missed (KubeRay
-// v1.6.0 reconciles a RayCluster every 300 s; under load one RayCluster
-// re-created with the gang advice had no pod two minutes on, in one of
-// four runs), so that a slow controller is not taken for a stuck job.
-const stuckAfter = 6 * time.Minute
+// stuckAfter is how long a job may make no progress, with room in one
+// zone, before its cell counts it stuck (the two minutes). A
+// stuck cell logs the namespace's events and its controller's log lines
+// of the namespace: under load one RayCluster re-created with the gang
+// advice had no pod two minutes on (one of four runs), cause unknown.
+const stuckAfter = 2 * time.Minute
 
 // settle waits until the namespace has the job's pods, all bound or the
 // rest held (unschedulable, or waiting for their gang) for a while; fewer
@@ -441,8 +441,34 @@ func (c *adviceCell) settle(ctx context.Context, ns string) (schedlab.Placement,
 	}
 	if len(p) < c.kind.pods {
 		c.logEvents(ctx, ns)
+		c.logController(ns)
 	}
 	return p, nil
+}
+
+// logController logs the last lines of the kind's controller's log that
+// name the namespace.
+func (c *adviceCell) logController(ns string) {
+	b, err := os.ReadFile(c.ctrlLog)
+	if err != nil {
+		c.logf("controller log: %v", err)
+		return
+	}
+	var lines []string
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.Contains(l, ns) {
+			lines = append(lines, l)
+		}
+	}
+	if len(lines) > 25 {
+		lines = lines[len(lines)-25:]
+	}
+	for _, l := range lines {
+		if len(l) > 400 {
+			l = l[:400]
+		}
+		c.logf("controller: %s", l)
+	}
 }
 
 // logEvents logs the namespace's last events (a controller says there why
