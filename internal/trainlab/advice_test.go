@@ -417,6 +417,10 @@ func (c *adviceCell) classify(p schedlab.Placement) string {
 	}
 }
 
+// kubeRayExpectations is KubeRay v1.6.0's ExpectationsTimeout
+// (controllers/ray/expectations), and a second more.
+const kubeRayExpectations = 31 * time.Second
+
 // stuckAfter is how long a job may make no progress, with room in one
 // zone, before its cell counts it stuck (the issue's two minutes). A
 // stuck cell logs the namespace's events and its controller's log lines
@@ -718,6 +722,20 @@ func (c *adviceCell) deleteJob(ctx context.Context, ns string) error {
 		pods, _ := c.bed.Pods(ns)
 		svcs, serr := c.bed.Client.CoreV1().Services(ns).List(ctx, metav1.ListOptions{})
 		if apierrors.IsNotFound(err) && len(pods) == 0 && serr == nil && len(svcs.Items) == 0 {
+			if c.kind.controller == "kuberay v1.6.0" {
+				// KubeRay keeps a RayCluster's pod expectations by its
+				// name (expectations.RayClusterScaleExpectation, 30 s
+				// ExpectationsTimeout); a cluster re-created under the
+				// same name sooner found them unsatisfied ("reconcile
+				// head later") and was reconciled again only after its
+				// 300 s requeue: no pod for minutes. The runbook says
+				// to wait the half minute.
+				select {
+				case <-ctx.Done():
+					return ctx.Err()
+				case <-time.After(kubeRayExpectations):
+				}
+			}
 			return nil
 		}
 		select {
