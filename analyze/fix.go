@@ -130,6 +130,7 @@ func suggestedFix(j *Job, pods *jobPods, nodes map[string]nodeInfo, used map[str
 	var b strings.Builder
 	fmt.Fprintf(&b, "# Keep every pod of %s %s/%s in one zone: add this to %s and re-create the job (running pods do not move).\n",
 		j.JobKind, j.Namespace, j.JobName, where)
+	b.WriteString(recreateNote(j.JobKind))
 	fmt.Fprintf(&b, "# %s has room for the whole job now (%s; free GPUs by zone: %s): every pod is pinned there, none picks a zone that cannot hold the rest.\n",
 		zone, need, roomSummary(rooms))
 	if len(tols) > 0 {
@@ -168,6 +169,7 @@ func noRoomFix(j *Job, pods *jobPods, nodes map[string]nodeInfo, need string, ro
 	b.WriteString("# Pinning it to one zone would leave pods Pending. Free room in one zone (or shrink the job), or let Kueue\n")
 	fmt.Fprintf(&b, "# topology-aware scheduling admit it only when one zone has room: add this to %s (docs/runbooks.md, Kueue TAS;\n", where)
 	b.WriteString("# pods without GPUs tolerate the GPU nodes' taints so that they fit the GPU zone's flavor with their workers).\n")
+	b.WriteString(recreateNote(j.JobKind))
 	b.WriteString(note)
 	b.Write(body)
 	return b.String()
@@ -527,6 +529,17 @@ func allZoneTolerations(pods *jobPods, nodes map[string]nodeInfo, rooms []zoneRo
 // and Kueue, finding no zone with room for all of a pod set, admitted it
 // across zones: the split is Kueue's choice. Required topology makes it
 // wait for one zone instead.
+// recreateNote is what re-creating a job of kind takes beyond deleting
+// and creating it ("" for most kinds).
+func recreateNote(kind string) string {
+	switch kind {
+	case "RayCluster", "RayJob":
+		// Seen on the real KubeRay v1.6.0 (internal/trainlab, TestAdviceCells).
+		return "# KubeRay: re-create it half a minute after the old pods are gone (KubeRay keeps a cluster's pod expectations by name for 30 s; sooner, its pods come only at its next reconcile, 300 s later).\n"
+	}
+	return ""
+}
+
 func kueuePreferredFix(j *Job, pods *jobPods, nodes map[string]nodeInfo, need string, rooms []zoneRoom) string {
 	where, spec, note := kueueTemplates(j, pods, nodes, rooms, KueueTopologyAnnotation)
 	body, err := yaml.Marshal(map[string]any{"spec": spec})
@@ -538,6 +551,7 @@ func kueuePreferredFix(j *Job, pods *jobPods, nodes map[string]nodeInfo, need st
 		j.JobKind, j.Namespace, j.JobName, KueuePreferredTopologyAnnotation)
 	fmt.Fprintf(&b, "# across zones when none has room for it (%s; free GPUs by zone now: %s). To wait for one zone instead, replace it with\n", need, roomSummary(rooms))
 	fmt.Fprintf(&b, "# %s in %s and re-create the job:\n", KueueTopologyAnnotation, where)
+	b.WriteString(recreateNote(j.JobKind))
 	b.WriteString(note)
 	b.Write(body)
 	return b.String()

@@ -150,6 +150,7 @@ func gangFix(j *Job, pods *jobPods, nodes map[string]nodeInfo, rooms []zoneRoom,
 	}
 	b.WriteString(stepsNote(g.why))
 	fmt.Fprintf(&b, "# Create the PodGroup, then add the rest to %s and re-create the job (running pods do not move).\n", where)
+	b.WriteString(recreateNote(j.JobKind))
 	if len(tols) > 0 {
 		b.WriteString("# Pods without GPUs tolerate the GPU nodes' taints, so they can run next to the workers.\n")
 	}

@@ -437,3 +437,32 @@ func TestKueueRayJobShutsDownItsCluster(t *testing.T) {
 		t.Errorf("the Kueue advice for a RayJob patches no rayClusterSpec:\n%s", fix)
 	}
 }
+
+// TestKubeRayRecreateNote: the advice for a RayJob or RayCluster says to
+// re-create it half a minute after its old pods are gone: KubeRay v1.6.0
+// keeps a cluster's pod expectations by name for 30 s, and a RayCluster
+// re-created sooner got its pods only at its next reconcile, 300 s later
+// (internal/trainlab TestAdviceCells, the operator logging
+// "NotSatisfiedHeadExpectations"). Other kinds' advice does not.
+func TestKubeRayRecreateNote(t *testing.T) {
+	if !strings.Contains(recreateNote("RayCluster"), "half a minute") || !strings.Contains(recreateNote("RayJob"), "half a minute") {
+		t.Errorf("no KubeRay note: %q", recreateNote("RayCluster"))
+	}
+	if n := recreateNote("PyTorchJob"); n != "" {
+		t.Errorf("a PyTorchJob gets a note: %q", n)
+	}
+	const ns = "ml"
+	lbl := func(typ, group string) map[string]string {
+		return map[string]string{"ray.io/cluster": "tune-x", "ray.io/node-type": typ, "ray.io/group": group}
+	}
+	ray := []map[string]any{
+		dumpPod{name: "tune-x-head", node: "cpu-a1", owner: [2]string{"RayCluster", "tune-x"}, labels: lbl("head", "headgroup")}.object(ns),
+		owned("ray.io/v1", "RayCluster", ns, "tune-x", "ray.io/v1", "RayJob", "tune", nil),
+	}
+	for i, node := range []string{"gpu-a1", "gpu-a1", "gpu-a2", "gpu-b1", "gpu-c1"} {
+		ray = append(ray, dumpPod{name: fmt.Sprintf("tune-x-gpu-%d", i), node: node, gpus: 4, owner: [2]string{"RayCluster", "tune-x"}, labels: lbl("worker", "gpu")}.object(ns))
+	}
+	if fix := stepsFix(t, PodGroupsOff, "tune", ray...); !strings.Contains(fix, recreateNote("RayJob")) {
+		t.Errorf("the RayJob's advice lacks the KubeRay note:\n%s", fix)
+	}
+}
