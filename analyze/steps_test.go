@@ -408,19 +408,7 @@ func TestKueueManyPodSets(t *testing.T) {
 // denied "a kueue managed job should delete the cluster after
 // finishing"). The Kueue advice for a RayJob sets it.
 func TestKueueRayJobShutsDownItsCluster(t *testing.T) {
-	const ns = "ml"
-	lbl := func(typ, group string) map[string]string {
-		return map[string]string{"ray.io/cluster": "tune-x", "ray.io/node-type": typ, "ray.io/group": group}
-	}
-	ray := []map[string]any{
-		dumpPod{name: "tune-x-head", node: "cpu-a1", owner: [2]string{"RayCluster", "tune-x"}, labels: lbl("head", "headgroup")}.object(ns),
-		owned("ray.io/v1", "RayCluster", ns, "tune-x", "ray.io/v1", "RayJob", "tune", nil),
-	}
-	// 20 GPUs: more than any zone has (us-east-1a 16): the Kueue advice.
-	for i, node := range []string{"gpu-a1", "gpu-a1", "gpu-a2", "gpu-b1", "gpu-c1"} {
-		ray = append(ray, dumpPod{name: fmt.Sprintf("tune-x-gpu-%d", i), node: node, gpus: 4, owner: [2]string{"RayCluster", "tune-x"}, labels: lbl("worker", "gpu")}.object(ns))
-	}
-	fix := stepsFix(t, PodGroupsOff, "tune", ray...)
+	fix := stepsFix(t, PodGroupsOff, "tune", rayJobTooBig()...)
 	if !strings.HasPrefix(fix, "# No zone can hold") || !strings.Contains(fix, KueueTopologyAnnotation) {
 		t.Fatalf("not the Kueue advice:\n%s", fix)
 	}
@@ -451,6 +439,15 @@ func TestKubeRayRecreateNote(t *testing.T) {
 	if n := recreateNote("PyTorchJob"); n != "" {
 		t.Errorf("a PyTorchJob gets a note: %q", n)
 	}
+	if fix := stepsFix(t, PodGroupsOff, "tune", rayJobTooBig()...); !strings.Contains(fix, recreateNote("RayJob")) {
+		t.Errorf("the RayJob's advice lacks the KubeRay note:\n%s", fix)
+	}
+}
+
+// rayJobTooBig is the dump of RayJob ml/tune's cluster: a CPU-only head
+// and five workers of 4 GPUs, 20 GPUs, more than any zone has (us-east-1a
+// 16): the Kueue advice.
+func rayJobTooBig() []map[string]any {
 	const ns = "ml"
 	lbl := func(typ, group string) map[string]string {
 		return map[string]string{"ray.io/cluster": "tune-x", "ray.io/node-type": typ, "ray.io/group": group}
@@ -462,7 +459,5 @@ func TestKubeRayRecreateNote(t *testing.T) {
 	for i, node := range []string{"gpu-a1", "gpu-a1", "gpu-a2", "gpu-b1", "gpu-c1"} {
 		ray = append(ray, dumpPod{name: fmt.Sprintf("tune-x-gpu-%d", i), node: node, gpus: 4, owner: [2]string{"RayCluster", "tune-x"}, labels: lbl("worker", "gpu")}.object(ns))
 	}
-	if fix := stepsFix(t, PodGroupsOff, "tune", ray...); !strings.Contains(fix, recreateNote("RayJob")) {
-		t.Errorf("the RayJob's advice lacks the KubeRay note:\n%s", fix)
-	}
+	return ray
 }
