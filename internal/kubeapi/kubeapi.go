@@ -58,9 +58,6 @@ type Resource struct {
 // Object returns an empty object of the resource (an informer's example).
 func (r Resource) Object() runtime.Object { return r.newObject() }
 
-// NewList returns an empty list of the resource.
-func (r Resource) NewList() runtime.Object { return r.newList() }
-
 // The resources the exporter reads.
 var (
 	Pods = Resource{corev1.SchemeGroupVersion.WithResource("pods"), true,
