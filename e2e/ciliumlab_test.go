@@ -525,7 +525,13 @@ func startWrappedExporters(t *testing.T, lab *ciliumlab.Lab, api *testenv.APISer
 		if wrap != nil {
 			argv = wrap(n, argv)
 		}
-		if _, err := n.Start("exporter", []string{"NODE_NAME=" + n.Name}, argv[0], argv[1:]...); err != nil {
+		env := []string{"NODE_NAME=" + n.Name}
+		if v := os.Getenv("ZONEWATCH_LAB_EXPORTER_ENV"); v != "" {
+			// The exporters' environment alone (e.g. GOMAXPROCS=1 for
+			// the CPU per flow), not the agents'.
+			env = append(env, strings.Split(v, ",")...)
+		}
+		if _, err := n.Start("exporter", env, argv[0], argv[1:]...); err != nil {
 			t.Fatal(err)
 		}
 		addrs[n.Name] = net.JoinHostPort(n.IP.String(), "19420")
