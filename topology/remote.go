@@ -231,8 +231,10 @@ func (x *Index) PlacementPending(a netip.Addr) bool {
 // nodeEndpoint is the address through which the node behind a's ipcache
 // entry is found: the tunnel endpoint the entry names or, for an address
 // the entry says is a remote node's own (identity remote-node or
-// kube-apiserver, no tunnel endpoint: Cilium keeps none for node
-// addresses), the address itself (its node's host-network pods have it).
+// kube-apiserver, no tunnel endpoint: Cilium v1.20.2's node manager gives
+// a node's InternalIP one only with the host firewall or node encryption,
+// pkg/node/manager/manager.go nodeAddressHasTunnelIP), the address itself
+// (its node's host-network pods have it).
 func nodeEndpoint(a netip.Addr, ent RemoteEntry) (netip.Addr, bool) {
 	if ent.NodeIP.IsValid() && !ent.NodeIP.IsUnspecified() {
 		return ent.NodeIP.Unmap(), true

@@ -289,8 +289,10 @@ func (r *nodeReads) Miss(endpoint, addr netip.Addr) {
 func (r *nodeReads) Pending(endpoint netip.Addr) bool { return r.pending[endpoint] }
 
 // TestRemoteNodeAddressRead: in the lean node view, a remote node's own
-// address (identity remote-node or kube-apiserver, no tunnel endpoint:
-// Cilium keeps none for node addresses) of a node not held asks for the
+// address (identity remote-node or kube-apiserver, no tunnel endpoint, as
+// Cilium v1.20.2's node manager writes a node's InternalIP without the host
+// firewall or node encryption: pkg/node/manager/manager.go
+// nodeAddressHasTunnelIP) of a node not held asks for the
 // node behind that address itself, waits while it is read, and is placed
 // once the node is held with it; a world address or a CIDR identity asks
 // for nothing. Before, such an address stayed unknown until a pod of that

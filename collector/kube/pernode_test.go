@@ -41,13 +41,19 @@ import (
 
 // clusterCilium is what the Cilium agents of a cluster would hold, derived
 // from the cluster's objects: the ipcache (every pod address with its node
-// and identity, every node address) and the identities (a pod's labels as
-// Cilium's own label filter keeps them, with its namespace). Each node's
-// view of it (nodeIPCache) gives its own endpoints no tunnel endpoint, as
-// the agent does.
+// and identity, every node address, every node's pod CIDR) and the
+// identities (a pod's labels as Cilium's own label filter keeps them, with
+// its namespace). Each node's view of it (nodeIPCache) gives its own
+// endpoints no tunnel endpoint, as the agent does. As Cilium v1.20.2's
+// node manager writes them (pkg/node/manager/manager.go, NodeUpdated): a
+// node's InternalIP with no tunnel endpoint (nodeAddressHasTunnelIP: only
+// with the host firewall or node encryption), a remote node's pod CIDRs as
+// world entries with the node's IP as tunnel endpoint (podCIDREntries),
+// none for the local node's.
 type clusterCilium struct {
 	mu      sync.Mutex
 	entries map[netip.Addr]ciliumEntry
+	cidrs   map[netip.Prefix]ciliumEntry // pod CIDRs: node and its IP
 	ids     map[string]uint32 // identity labels (sorted, with namespace) -> id
 	labels  map[uint32]identityLabels
 	live    map[uint32]bool // identities some pod has now
@@ -104,6 +110,7 @@ func (c *clusterCilium) sync(nodes []corev1.Node, pods []corev1.Pod) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.entries = map[netip.Addr]ciliumEntry{}
+	c.cidrs = map[netip.Prefix]ciliumEntry{}
 	c.live = map[uint32]bool{}
 	nodeIP := map[string]netip.Addr{}
 	for _, n := range nodes {
@@ -112,6 +119,9 @@ func (c *clusterCilium) sync(nodes []corev1.Node, pods []corev1.Pod) {
 				nodeIP[n.Name] = ip
 				c.entries[ip] = ciliumEntry{node: n.Name, identity: 6} // remote-node
 			}
+		}
+		if pfx, err := netip.ParsePrefix(n.Spec.PodCIDR); err == nil {
+			c.cidrs[pfx] = ciliumEntry{node: n.Name, nodeIP: nodeIP[n.Name], identity: 2} // world
 		}
 	}
 	for _, p := range pods {
@@ -136,6 +146,18 @@ func (c *clusterCilium) entry(a netip.Addr) (ciliumEntry, bool) {
 	return e, ok
 }
 
+// podCIDR returns the pod CIDR entry holding a.
+func (c *clusterCilium) podCIDR(a netip.Addr) (netip.Prefix, ciliumEntry, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for p, e := range c.cidrs {
+		if p.Contains(a) {
+			return p, e, true
+		}
+	}
+	return netip.Prefix{}, ciliumEntry{}, false
+}
+
 // Labels implements topology.Identities: an identity is known while a pod
 // has it (the agents' identity cache; Cilium collects unused ones later).
 func (c *clusterCilium) Labels(id uint32) (string, map[string]string, bool) {
@@ -157,6 +179,9 @@ type nodeIPCache struct {
 func (n nodeIPCache) Lookup(a netip.Addr) (topology.RemoteEntry, bool) {
 	e, ok := n.c.entry(a)
 	if !ok {
+		if p, e, ok := n.c.podCIDR(a); ok && e.node != n.node {
+			return topology.RemoteEntry{NodeIP: e.nodeIP, Identity: e.identity, Bits: uint8(p.Bits())}, true
+		}
 		return topology.RemoteEntry{Identity: 2}, true // the world prefix, 0.0.0.0/0
 	}
 	out := topology.RemoteEntry{NodeIP: e.nodeIP, Identity: e.identity, Bits: 32}
