@@ -54,7 +54,7 @@ type clusterCilium struct {
 	mu      sync.Mutex
 	entries map[netip.Addr]ciliumEntry
 	cidrs   map[netip.Prefix]ciliumEntry // pod CIDRs: node and its IP
-	ids     map[string]uint32 // identity labels (sorted, with namespace) -> id
+	ids     map[string]uint32            // identity labels (sorted, with namespace) -> id
 	labels  map[uint32]identityLabels
 	live    map[uint32]bool // identities some pod has now
 }
