@@ -166,12 +166,9 @@ func NewLive(client dynamic.Interface, set *Set, resync time.Duration, m *Metric
 // group's informers into the binary, docs/performance.md).
 func (l *Live) informer(gvr schema.GroupVersionResource) cache.SharedIndexInformer {
 	r := l.client.Resource(gvr)
-	lw := &cache.ListWatch{
-		ListWithContextFunc:  func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) { return r.List(ctx, o) },
-		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) { return r.Watch(ctx, o) },
-	}
-	return cache.NewSharedIndexInformerWithOptions(cache.ToListWatcherWithWatchListSemantics(lw, l.client), &unstructured.Unstructured{},
-		cache.SharedIndexInformerOptions{ResyncPeriod: l.resync, Indexers: cache.Indexers{}})
+	return kubeapi.InformerFor(l.client, &unstructured.Unstructured{}, l.resync,
+		func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) { return r.List(ctx, o) },
+		func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) { return r.Watch(ctx, o) })
 }
 
 // watchError handles a failed list or watch of gvr: an RBAC denial goes

@@ -666,8 +666,9 @@ wait:
 // scrapes: the resident set and its parts (/proc: anonymous, file-backed
 // pages of the binary, the peak), and the Go runtime's own figures from
 // its go_* metrics (heap in use, idle and released, the next GC's goal,
-// stacks, all the runtime holds).
-func runExporter(t *testing.T, id *testenv.Identity, bin, build, node, env string) (rss, pss string) {
+// stacks, all the runtime holds). It returns its processes' resident and
+// proportional sets, each summed, in MiB.
+func runExporter(t *testing.T, id *testenv.Identity, bin, build, node, env string) (string, string) {
 	t.Helper()
 	for _, kv := range strings.Split(env, ",") {
 		if k, v, ok := strings.Cut(kv, "="); ok {
@@ -799,21 +800,21 @@ func runExporter(t *testing.T, id *testenv.Identity, bin, build, node, env strin
 		}
 		referenced = fmt.Sprintf("%.1f", sum)
 	}
-	proc := func(name string) string {
-		var sum float64
-		texts := statuses
-		if name == "Pss" {
-			texts = rollups
-		}
-		for _, st := range texts {
-			v, ok := field(st, name)
+	// sum adds a field of each process's text (/proc/PID/status or
+	// smaps_rollup), in MiB.
+	sum := func(texts []string, name string) string {
+		var total float64
+		for _, text := range texts {
+			v, ok := field(text, name)
 			if !ok {
 				return "?"
 			}
-			sum += v
+			total += v
 		}
-		return fmt.Sprintf("%.1f", sum)
+		return fmt.Sprintf("%.1f", total)
 	}
+	proc := func(name string) string { return sum(statuses, name) }
+	pss := sum(rollups, "Pss")
 	child := "none"
 	if len(statuses) > 1 {
 		v, _ := field(statuses[len(statuses)-1], "VmRSS")
@@ -827,11 +828,11 @@ func runExporter(t *testing.T, id *testenv.Identity, bin, build, node, env strin
 		env = "chart env"
 	}
 	t.Logf("exporter (%s) %s, %s: %d processes, RSS %s MiB, PSS %s MiB (the confined child %s; anon %s, file %s, peak %s, referenced in 5 s of scrapes %s); Go heap in use %s, idle %s, released %s, next GC %s, stacks %s, runtime total %s MiB; CPU %s s (sync and 20 scrapes); page %d bytes",
-		build, mode, env, len(pids), proc("VmRSS"), proc("Pss"), child, proc("RssAnon"), proc("RssFile"), proc("VmHWM"), referenced,
+		build, mode, env, len(pids), proc("VmRSS"), pss, child, proc("RssAnon"), proc("RssFile"), proc("VmHWM"), referenced,
 		mib("go_memstats_heap_inuse_bytes"), mib("go_memstats_heap_idle_bytes"), mib("go_memstats_heap_released_bytes"),
 		mib("go_memstats_next_gc_bytes"), mib("go_memstats_stack_inuse_bytes"), mib("go_memstats_sys_bytes"),
 		metric("process_cpu_seconds_total"), len(page))
-	return proc("VmRSS"), proc("Pss")
+	return proc("VmRSS"), pss
 }
 
 // chartNodeView is the node view (--kube.node-view) the chart's rendered

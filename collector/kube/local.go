@@ -527,19 +527,17 @@ func (l *Live) reidentifyLocked(owners map[string]bool) {
 
 func (l *Live) startFeedLocked(sel jobSel) (*jobFeed, error) {
 	selector := labels.SelectorFromSet(labels.Set{sel.label: sel.value}).String()
-	lw := &cache.ListWatch{
-		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (obj runtime.Object, err error) {
+	inf := kubeapi.InformerFor(l.client, &corev1.Pod{}, l.resync,
+		func(ctx context.Context, o metav1.ListOptions) (obj runtime.Object, err error) {
 			o.LabelSelector = selector
 			l.around(sel.String(), "list", nil, func() { obj, err = l.client.List(ctx, kubeapi.Pods, sel.namespace, o) })
 			return obj, err
 		},
-		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (w watch.Interface, err error) {
+		func(ctx context.Context, o metav1.ListOptions) (w watch.Interface, err error) {
 			o.LabelSelector = selector
 			l.around(sel.String(), "watch", nil, func() { w, err = l.client.Watch(ctx, kubeapi.Pods, sel.namespace, o) })
 			return w, err
-		},
-	}
-	inf := cache.NewSharedIndexInformer(cache.ToListWatcherWithWatchListSemantics(lw, l.client), &corev1.Pod{}, l.resync, cache.Indexers{})
+		})
 	if err := l.podInformer(inf); err != nil {
 		return nil, err
 	}

@@ -296,18 +296,15 @@ func startOwners(ctx context.Context, meta metadata.Interface, disc Discovery, r
 // binary, docs/performance.md).
 func metadataInformer(meta metadata.Interface, gvr schema.GroupVersionResource, sel string, resync time.Duration) cache.SharedIndexInformer {
 	r := meta.Resource(gvr)
-	lw := &cache.ListWatch{
-		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+	return kubeapi.InformerFor(meta, &metav1.PartialObjectMetadata{}, resync,
+		func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
 			o.LabelSelector = sel
 			return r.List(ctx, o)
 		},
-		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+		func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
 			o.LabelSelector = sel
 			return r.Watch(ctx, o)
-		},
-	}
-	return cache.NewSharedIndexInformerWithOptions(cache.ToListWatcherWithWatchListSemantics(lw, meta), &metav1.PartialObjectMetadata{},
-		cache.SharedIndexInformerOptions{ResyncPeriod: resync, Indexers: cache.Indexers{}})
+		})
 }
 
 func sameController(a, b *metav1.PartialObjectMetadata) bool {

@@ -85,8 +85,6 @@ type Interface interface {
 // sharing one HTTP client.
 type Client struct {
 	groups map[schema.GroupVersion]rest.Interface
-	// core serves discovery's absolute paths.
-	core rest.Interface
 }
 
 var _ Interface = (*Client)(nil)
@@ -116,7 +114,6 @@ func NewForConfig(cfg *rest.Config) (*Client, error) {
 		}
 		c.groups[gv] = rc
 	}
-	c.core = c.groups[corev1.SchemeGroupVersion]
 	return c, nil
 }
 
@@ -184,7 +181,7 @@ func (c *Client) ServerResourcesForGroupVersion(groupVersion string) (*metav1.AP
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	raw, err := c.core.Get().AbsPath(path).SetHeader("Accept", "application/json").Do(ctx).Raw()
+	raw, err := c.groups[corev1.SchemeGroupVersion].Get().AbsPath(path).SetHeader("Accept", "application/json").Do(ctx).Raw()
 	if err != nil {
 		return nil, err
 	}
@@ -198,34 +195,36 @@ func (c *Client) ServerResourcesForGroupVersion(groupVersion string) (*metav1.AP
 	return list, nil
 }
 
-// ListWatch lists and watches r in namespace, each request's options given
-// to tweak first (a label or field selector), as client-go's filtered
-// informers do. A client whose watches send no initial events says so
-// (IsWatchListSemanticsUnSupported, as client-go's fake clientset does),
-// and the reflector then lists before it watches.
-func ListWatch(c Interface, r Resource, namespace string, tweak func(*metav1.ListOptions)) cache.ListerWatcher {
-	lw := &cache.ListWatch{
-		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+// NewInformer returns a shared informer of r in namespace ("" for all),
+// requests tweaked by tweak (nil: none) first (a label or field selector),
+// as client-go's filtered informers do.
+func NewInformer(c Interface, r Resource, namespace string, resync time.Duration, tweak func(*metav1.ListOptions)) cache.SharedIndexInformer {
+	return InformerFor(c, r.newObject(), resync,
+		func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
 			if tweak != nil {
 				tweak(&o)
 			}
 			return c.List(ctx, r, namespace, o)
 		},
-		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+		func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
 			if tweak != nil {
 				tweak(&o)
 			}
 			return c.Watch(ctx, r, namespace, o)
-		},
-	}
-	return cache.ToListWatcherWithWatchListSemantics(lw, c)
+		})
 }
 
-// NewInformer returns a shared informer of r in namespace ("" for all),
-// requests tweaked by tweak (nil: none), with no indexer: the exporter's
-// informers add the ones they use.
-func NewInformer(c Interface, r Resource, namespace string, resync time.Duration, tweak func(*metav1.ListOptions)) cache.SharedIndexInformer {
-	return cache.NewSharedIndexInformerWithOptions(ListWatch(c, r, namespace, tweak), r.newObject(),
+// InformerFor returns a shared informer of example's type over list and
+// watch (any client's: kubeapi's, the metadata or the dynamic client),
+// with no indexer: the exporter's informers add the ones they read. A
+// client whose watches send no initial events says so
+// (IsWatchListSemanticsUnSupported, as client-go's fake clientset does),
+// and the reflector then lists before it watches.
+func InformerFor(client any, example runtime.Object, resync time.Duration,
+	list func(context.Context, metav1.ListOptions) (runtime.Object, error),
+	watchFn func(context.Context, metav1.ListOptions) (watch.Interface, error)) cache.SharedIndexInformer {
+	lw := &cache.ListWatch{ListWithContextFunc: list, WatchFuncWithContext: watchFn}
+	return cache.NewSharedIndexInformerWithOptions(cache.ToListWatcherWithWatchListSemantics(lw, client), example,
 		cache.SharedIndexInformerOptions{ResyncPeriod: resync, Indexers: cache.Indexers{}})
 }
 
