@@ -177,7 +177,7 @@ var (
 		"LISTs of the lean node view (--kube.node-view=peers), by what they read: a node by name (name), host-network pods by a tunnel endpoint's address (tunnel_endpoint), the pod with an address being placed (pod_address).",
 		[]string{"by"}, nil)
 	nodeLookupsDesc = prometheus.NewDesc("zonewatch_kube_node_lookups_total",
-		"Lookups of the node behind a tunnel endpoint the ipcache names (--kube.node-view=peers), by result: found, unresolved (no host-network pod has the endpoint's address and no pod the address), failed (asked again at the next miss), dropped (256 waiting: asked again at the next miss).",
+		"Lookups of the node behind a tunnel endpoint the ipcache names, or behind a remote node's own address (--kube.node-view=peers), by result: found, unresolved (no host-network pod has the endpoint's address and no pod the address), failed (asked again at the next miss), dropped (256 waiting: asked again at the next miss).",
 		[]string{"result"}, nil)
 )
 
