@@ -59,6 +59,9 @@ const (
 	// domain, one group per domain (sigs.k8s.io/lws api/leaderworkerset/v1
 	// ExclusiveKeyAnnotationKey).
 	LWSExclusiveAnnotation = "leaderworkerset.sigs.k8s.io/exclusive-topology"
+	// TrainJobPatchManager names zonewatch's entry of a TrainJob's
+	// spec.runtimePatches.
+	TrainJobPatchManager = "zonewatch.io/analyze"
 )
 
 // suggestedFix is a pod-template patch, in the job's own kind, that keeps
@@ -86,7 +89,11 @@ func suggestedFix(j *Job, pods *jobPods, nodes map[string]nodeInfo, used map[str
 		return kueuePreferredFix(j, pods, nodes, need, rooms)
 	}
 	if j.JobKind == "LeaderWorkerSet" && pods.set != "" {
-		return lwsFix(j, pods, nodes, zones, need, rooms)
+		fix := lwsFix(j, pods, nodes, zones, need, rooms)
+		if podGroups {
+			fix = "# No gang advice: " + lwsNoGang + ".\n" + fix
+		}
+		return fix
 	}
 	if j.JobKind == "VolcanoJob" {
 		defer func() { fix += volcanoAdvice(len(pods.demand)) }()
@@ -220,14 +227,16 @@ func patchTemplates(j *Job, pods *jobPods, tmpl func(replicaTypes ...string) map
 		spec = map[string]any{"replicatedJobs": list}
 		where = "its manifest (for a Kubeflow TrainJob: its runtime's spec.template)"
 	case j.JobKind == "TrainJob" && named(pods.replicas):
-		// Trainer v2.3 TrainJob spec.runtimePatches (trainjob_types.go
-		// RuntimePatch): a patch of the runtime's JobSet template.
+		// Trainer v2.2.0 TrainJob spec.runtimePatches (trainjob_types.go
+		// RuntimePatch): a patch of the runtime's JobSet template. Its
+		// webhook takes only a domain-prefixed manager (seen on the real
+		// trainer-controller-manager: "must be a domain-prefixed path").
 		var list []any
 		for _, name := range sortedKeys(pods.replicas) {
 			list = append(list, map[string]any{"name": name, "template": map[string]any{"spec": map[string]any{
 				"template": tmpl(name)}}})
 		}
-		spec = map[string]any{"runtimePatches": []any{map[string]any{"manager": "zonewatch", "trainingRuntimeSpec": map[string]any{
+		spec = map[string]any{"runtimePatches": []any{map[string]any{"manager": TrainJobPatchManager, "trainingRuntimeSpec": map[string]any{
 			"template": map[string]any{"spec": map[string]any{"replicatedJobs": list}}}}}}
 	case j.JobKind == "LeaderWorkerSet":
 		spec = map[string]any{"leaderWorkerTemplate": map[string]any{
@@ -285,6 +294,16 @@ func workerTypes(pods *jobPods) []string {
 	return append(out, "")
 }
 
+// lwsNoGang says why a LeaderWorkerSet gets LWS's own exclusive topology
+// and not a PodGroup: one pod-group label on its templates would join
+// every group to one PodGroup, and with the exclusive topology LWS v0.8.0
+// creates a group's workers only once its leader is scheduled
+// (pkg/controllers/pod_controller.go), so a gang of the group would wait
+// for ever for workers that are never created.
+const lwsNoGang = "a LeaderWorkerSet's groups are replicas, and one pod-group label on its templates would join them all to one PodGroup; " +
+	"held to one zone, LWS creates a group's workers only once its leader is scheduled (lws v0.8.0), so a gang of leader and workers would wait for ever. " +
+	"LWS's own exclusive topology below keeps each group in one zone"
+
 // lwsFix: a LeaderWorkerSet's groups are independent replicas, and
 // spreading them across zones is healthy; what must stay in one zone is
 // each group. LWS does that itself with its exclusive-topology annotation
@@ -300,13 +319,38 @@ func lwsFix(j *Job, pods *jobPods, nodes map[string]nodeInfo, zones []string, ne
 	for i, z := range zones {
 		vals[i] = z
 	}
-	pin := map[string]any{"spec": map[string]any{"affinity": map[string]any{"nodeAffinity": map[string]any{
+	affinity := map[string]any{"nodeAffinity": map[string]any{
 		"requiredDuringSchedulingIgnoredDuringExecution": map[string]any{"nodeSelectorTerms": []any{map[string]any{
-			"matchExpressions": []any{map[string]any{"key": kube.LabelZone, "operator": "In", "values": vals}}}}}}}}}
+			"matchExpressions": []any{map[string]any{"key": kube.LabelZone, "operator": "In", "values": vals}}}}}}}
+	// A CPU-only leader held to zones of GPU nodes only must tolerate
+	// their taints, or it is never scheduled and, held to one zone, LWS
+	// never creates its workers (seen with lws v0.8.0: the group stuck
+	// at its leader).
+	var tolerating bool
+	pin := func(replicaTypes []string) map[string]any {
+		spec := map[string]any{"affinity": affinity}
+		var tols []any
+		seen := map[string]bool{}
+		for _, z := range zones {
+			byType := gpuTolerations(pods, nodes, z)
+			for _, rt := range replicaTypes {
+				for _, t := range byType[rt] {
+					if k := fmt.Sprint(t); !seen[k] {
+						seen[k] = true
+						tols = append(tols, t)
+					}
+				}
+			}
+		}
+		if len(tols) > 0 {
+			spec["tolerations"], tolerating = tols, true
+		}
+		return map[string]any{"spec": spec}
+	}
 	body, err := yaml.Marshal(map[string]any{
 		"metadata": map[string]any{"annotations": map[string]any{LWSExclusiveAnnotation: kube.LabelZone}},
 		"spec": map[string]any{"leaderWorkerTemplate": map[string]any{
-			"leaderTemplate": pin, "workerTemplate": pin}},
+			"leaderTemplate": pin(leaderTypes(pods)), "workerTemplate": pin(workerTypes(pods))}},
 	})
 	if err != nil {
 		return ""
@@ -317,6 +361,10 @@ func lwsFix(j *Job, pods *jobPods, nodes map[string]nodeInfo, zones []string, ne
 	b.WriteString("# Groups are replicas of one service and may run in different zones; the annotation keeps every group's pods together, one group per zone (more groups than zones leave some pending).\n")
 	fmt.Fprintf(&b, "# The leader picks its group's zone: only %s can hold a whole group now (%s; free GPUs by zone: %s).\n",
 		strings.Join(zones, ", "), need, roomSummary(rooms))
+	if tolerating {
+		b.WriteString("# Pods without GPUs tolerate the taints of those zones' GPU nodes, so a leader can run next to its workers.\n")
+	}
+	b.WriteString("# If a zone fills before the group's workers are placed, some of them wait Pending (LWS places the leader first); where capacity moves, Kueue TAS waits for a zone with room instead.\n")
 	b.Write(body)
 	return b.String()
 }
@@ -327,7 +375,12 @@ func lwsFix(j *Job, pods *jobPods, nodes map[string]nodeInfo, zones []string, ne
 func gpuTolerations(pods *jobPods, nodes map[string]nodeInfo, zone string) map[string][]any {
 	type te struct{ key, effect string }
 	out := map[string][]any{}
-	for _, d := range pods.demand {
+	// The finished pods too: their templates make them again when the
+	// job is re-created (a TrainJob's CPU-only initializers, which Kueue
+	// admits as pod sets of the job's Workload and places on the GPU
+	// nodes of its TAS flavor: seen with Kueue v0.17.0, "couldn't assign
+	// flavors to pod set dataset-initializer: ... excluded: taint").
+	for _, d := range slices.Concat(pods.demand, pods.done) {
 		if d.gpus > 0 || out[d.replicaType] != nil {
 			continue
 		}

@@ -64,7 +64,7 @@ func TestIdentityShapes(t *testing.T) {
 		// Points 3 and 9: the launcher coordinates, node 0-0 does not; the
 		// kind is the TrainJob, the fix a TrainJob runtime patch.
 		"ml/ds": {kind: "TrainJob", verdict: VerdictSplit, zones: map[string]RoleCount{a: {Worker: 2}, b: {Coordinator: 1}},
-			fix: []string{"runtimePatches:", "manager: zonewatch", "- name: launcher", "- name: node", "key: topology.kubernetes.io/zone"}},
+			fix: []string{"runtimePatches:", "manager: zonewatch.io/analyze", "- name: launcher", "- name: node", "key: topology.kubernetes.io/zone"}},
 		// Point 2: the coordinator label names pt-workers-0-1 in zone b.
 		"ml/pt": {kind: "JobSet", verdict: VerdictSplit, zones: map[string]RoleCount{a: {Worker: 2}, b: {Coordinator: 1}}},
 		// Point 6: the terminating pod in zone b is not placed.

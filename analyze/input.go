@@ -191,6 +191,9 @@ type jobPods struct {
 	guesses  []string // replica types
 	// demand is every unfinished pod of the job, pending ones too.
 	demand []podDemand
+	// done is every finished pod of the job: a step that ended (a
+	// TrainJob's initializer) is made again when the job is re-created.
+	done []podDemand
 	// seen counts the pods of each replica type, finished ones too.
 	seen map[string]int
 	// kueuePreferred: some pod asks Kueue TAS for a preferred (not a
@@ -263,6 +266,8 @@ func loadPods(index *topology.Index, rules []topology.Rule, path string) (*podSe
 		}
 		if !finished {
 			j.demand = append(j.demand, d)
+		} else {
+			j.done = append(j.done, d)
 		}
 		j.seen[p.Identity.ReplicaType]++
 		if pod.Annotations[KueuePreferredTopologyAnnotation] != "" && pod.Annotations[KueueTopologyAnnotation] == "" {

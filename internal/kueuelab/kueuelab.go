@@ -91,6 +91,12 @@ const (
 	FrameworkTFJob      = "kubeflow.org/tfjob"
 	FrameworkRayCluster = "ray.io/raycluster"
 	FrameworkMPIJob     = "kubeflow.org/mpijob"
+	FrameworkTrainJob   = "trainer.kubeflow.org/trainjob"
+	// FrameworkLWS manages a LeaderWorkerSet's groups as pod groups: Kueue
+	// turns its pod integration on with it (leaderworkerset_controller.go
+	// ImplicitlyEnabledFrameworkNames), so Attach registers the pod
+	// webhook too.
+	FrameworkLWS = "leaderworkerset.x-k8s.io/leaderworkerset"
 )
 
 var frameworkWebhooks = map[string]string{
@@ -100,6 +106,8 @@ var frameworkWebhooks = map[string]string{
 	FrameworkTFJob:      "-kubeflow-org-v1-tfjob",
 	FrameworkRayCluster: "-ray-io-v1-raycluster",
 	FrameworkMPIJob:     "-kubeflow-org-v2beta1-mpijob",
+	FrameworkTrainJob:   "-trainer-kubeflow-org-v1alpha1-trainjob",
+	FrameworkLWS:        "-leaderworkerset-x-k8s-io-v1-leaderworkerset",
 }
 
 func root(t testing.TB) {
@@ -123,6 +131,9 @@ func Attach(t testing.TB, lab *schedlab.Lab, frameworks ...string) *Lab {
 	t.Helper()
 	bin := testenv.ToolsBin(t, "kueue", "kueue.d")
 	root(t)
+	if slices.Contains(frameworks, FrameworkLWS) && !slices.Contains(frameworks, FrameworkPod) {
+		frameworks = append(slices.Clone(frameworks), FrameworkPod)
+	}
 	var suffixes []string
 	for _, f := range frameworks {
 		s, ok := frameworkWebhooks[f]

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -20,6 +21,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/yaml"
 
 	"github.com/zonewatch/zonewatch/analyze"
@@ -59,8 +61,29 @@ type adviceKind struct {
 	controller string
 	framework  string
 	// suspend is the path of the field that holds the job while Kueue
-	// has not admitted it.
+	// has not admitted it (none: Kueue gates its pods instead).
 	suspend []string
+	// job is the job's name as zonewatch names it ("" is "train").
+	job string
+	// finished are the pods the controller makes first that end before
+	// the rest are made (a TrainJob's initializers): finish picks them,
+	// and the kubelet stand-in ends each with code 0 once it runs. They
+	// are not counted in pods, and a placement leaves them out.
+	finished int
+	finish   func(*corev1.Pod) bool
+	// setup creates what the job refers to, once per cell (a TrainJob's
+	// runtime).
+	setup func(ctx context.Context, c *adviceCell) error
+	// want overrides wantCell for the kind: "advice/case" -> result.
+	want map[string]string
+}
+
+// jobName is the job's name as zonewatch and analyze name it.
+func (k adviceKind) jobName() string {
+	if k.job != "" {
+		return k.job
+	}
+	return "train"
 }
 
 // adviceControllers start the kinds' controllers on the bed.
@@ -69,7 +92,13 @@ var adviceControllers = map[string]func(t *testing.T, bed *trainlab.Bed) *trainl
 	"training-operator v1.9.3": func(t *testing.T, bed *trainlab.Bed) *trainlab.Running { return bed.StartTrainingOperator(t) },
 	"kuberay v1.6.0":           func(t *testing.T, bed *trainlab.Bed) *trainlab.Running { return bed.StartKubeRay(t) },
 	"mpi-operator v0.8.0":      func(t *testing.T, bed *trainlab.Bed) *trainlab.Running { return bed.StartMPIOperator(t) },
+	"trainer v2.2.0":           func(t *testing.T, bed *trainlab.Bed) *trainlab.Running { return bed.StartTrainer(t) },
+	"lws v0.8.0":               func(t *testing.T, bed *trainlab.Bed) *trainlab.Running { return bed.StartLWS(t) },
 }
+
+// controllerNeeds are the controllers a controller works through, started
+// before it: Trainer v2 runs a TrainJob as a JobSet.
+var controllerNeeds = map[string][]string{"trainer v2.2.0": {"jobset v0.11.1"}}
 
 var adviceKinds = []adviceKind{
 	{name: "JobSet", short: "jobset", gvr: trainlab.JobSetGVR, pods: 5, manifest: adviceJobSet,
@@ -81,7 +110,25 @@ var adviceKinds = []adviceKind{
 		controller: "training-operator v1.9.3", framework: kueuelab.FrameworkTFJob, suspend: []string{"spec", "runPolicy", "suspend"}},
 	{name: "RayCluster", short: "raycluster", gvr: trainlab.RayClusterGVR, pods: 5, manifest: adviceRayCluster,
 		controller: "kuberay v1.6.0", framework: kueuelab.FrameworkRayCluster, suspend: []string{"spec", "suspend"}},
+	// Pods in steps: a dataset and a model initializer run and end before
+	// the trainer nodes are created (the runtime's dependsOn).
+	{name: "TrainJob", short: "trainjob", gvr: trainlab.TrainJobGVR, pods: 4, manifest: adviceTrainJob, setup: adviceTrainingRuntime,
+		finished: 2, finish: func(p *corev1.Pod) bool { return slices.Contains(trainerInitializers, p.Labels[jobSetReplicatedJob]) },
+		controller: "trainer v2.2.0", framework: kueuelab.FrameworkTrainJob, suspend: []string{"spec", "suspend"}},
+	// One group of a CPU-only leader and four workers of 4 GPUs: the job
+	// is the group, train-0.
+	// analyze gives it no gang, and says why (analyze.lwsNoGang): its pin is
+	// LWS's own exclusive topology.
+	{name: "LeaderWorkerSet", short: "lws", gvr: trainlab.LWSGVR, pods: 5, manifest: adviceLWS, job: "train-0",
+		controller: "lws v0.8.0", framework: kueuelab.FrameworkLWS,
+		want: map[string]string{"gang/room": "not-given", "gang/no-zone-fits": "not-given", "gang/zone-fills": "not-given"}},
 }
+
+// trainerInitializers are Trainer v2.2.0's initializer replicated jobs
+// (pkg/constants DatasetInitializer, ModelInitializer).
+var trainerInitializers = []string{"dataset-initializer", "model-initializer"}
+
+const jobSetReplicatedJob = "jobset.sigs.k8s.io/replicatedjob-name"
 
 // TestAdviceCells (issue 43 item 3): each of analyze's pieces of advice —
 // the zone pin, the native gang + topology PodGroup (kube-scheduler
@@ -137,9 +184,11 @@ func runAdviceCells(t *testing.T, kinds []adviceKind) {
 	var frameworks, names []string
 	ctrlLogs := map[string]string{}
 	for _, k := range kinds {
-		if !slices.Contains(names, k.controller) {
-			ctrlLogs[k.controller] = adviceControllers[k.controller](t, bed).Log
-			names = append(names, k.controller)
+		for _, ctrl := range append(slices.Clone(controllerNeeds[k.controller]), k.controller) {
+			if !slices.Contains(names, ctrl) {
+				ctrlLogs[ctrl] = adviceControllers[ctrl](t, bed).Log
+				names = append(names, ctrl)
+			}
 		}
 		frameworks = append(frameworks, k.framework)
 	}
@@ -162,7 +211,12 @@ func runAdviceCells(t *testing.T, kinds []adviceKind) {
 	cellsStart := time.Now()
 	var wg sync.WaitGroup
 	for _, c := range cells {
-		wg.Go(func() { c.result, c.err = c.run(ctx) })
+		wg.Go(func() {
+			c.result, c.err = c.run(ctx)
+			if err, _ := c.finishErr.Load().(error); err != nil && c.err == nil {
+				c.err = err
+			}
+		})
 	}
 	wg.Wait()
 	for _, c := range cells {
@@ -174,7 +228,11 @@ func runAdviceCells(t *testing.T, kinds []adviceKind) {
 			if c.err != nil {
 				t.Fatal(c.err)
 			}
-			switch want := wantCell[c.advice+"/"+c.kase]; {
+			want := wantCell[c.advice+"/"+c.kase]
+			if w, ok := c.kind.want[c.advice+"/"+c.kase]; ok {
+				want = w
+			}
+			switch {
 			case c.advice != "pin" && (c.result == "split" || c.result == "stuck" || c.result == "half-placed"):
 				t.Errorf("%s with the %s advice: %s (never split, stuck or half-placed)", c.kind.name, c.advice, c.result)
 			case c.result != want:
@@ -197,6 +255,7 @@ type adviceCell struct {
 	ctrlLog      string // the kind's controller's log file
 	zoneOf       map[string]string
 	inZone       map[string]int // GPU nodes per zone letter
+	finishErr    atomic.Value   // an error of finishSteps
 }
 
 func (c *adviceCell) logf(format string, args ...any) {
@@ -261,6 +320,15 @@ func (c *adviceCell) run(ctx context.Context) (string, error) {
 	}
 	if err := c.bed.EnsureNamespace(ctx, ns, nsLabels); err != nil {
 		return "", err
+	}
+	if c.kind.setup != nil {
+		if err := c.kind.setup(ctx, c); err != nil {
+			return "", err
+		}
+	}
+	if c.kind.finish != nil {
+		stop := c.finishSteps(ctx, ns)
+		defer stop()
 	}
 	job := c.kind.manifest(ns, ns)
 	if err := c.create(ctx, job); err != nil {
@@ -363,7 +431,7 @@ func (c *adviceCell) run(ctx context.Context) (string, error) {
 	}
 	c.logf("with the advice: %v", p)
 	if pg != nil && len(p) > 0 {
-		if err := c.bed.CheckSchedulingGroups(ctx, ns, pg.Name); err != nil {
+		if err := c.checkGroups(ctx, ns, pg.Name); err != nil {
 			return "", err
 		}
 	}
@@ -381,6 +449,27 @@ func (c *adviceCell) run(ctx context.Context) (string, error) {
 	return r, nil
 }
 
+// checkGroups checks that every pod of the job joined the PodGroup but the
+// steps that end first (kind.finish), which must not: the controller
+// makes the rest only once they ended.
+func (c *adviceCell) checkGroups(ctx context.Context, ns, podGroup string) error {
+	list, err := c.bed.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return err
+	}
+	for _, p := range list.Items {
+		sg := p.Spec.SchedulingGroup
+		joined := sg != nil && sg.PodGroupName != nil && *sg.PodGroupName == podGroup
+		switch first := c.kind.finish != nil && c.kind.finish(&p); {
+		case first && joined:
+			return fmt.Errorf("pod %s/%s ends before the rest are made and joined the gang %q: the gang would wait for ever", ns, p.Name, podGroup)
+		case !first && !joined:
+			return fmt.Errorf("pod %s/%s: spec.schedulingGroup is %+v, want podGroupName %q", ns, p.Name, sg, podGroup)
+		}
+	}
+	return nil
+}
+
 // roomAppears adds a GPU node to the zone the waiting job was held to:
 // the job must then run whole there (it waited, it was not stuck).
 func (c *adviceCell) roomAppears(ctx context.Context, ns, zone string) error {
@@ -389,15 +478,68 @@ func (c *adviceCell) roomAppears(ctx context.Context, ns, zone string) error {
 	}
 	sctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
-	p, err := c.bed.SettleQuiet(sctx, ns, c.kind.pods, time.Hour) // until all are bound
+	p, err := c.bed.SettleQuiet(sctx, ns, c.want(), time.Hour) // until all are bound
 	if err != nil {
 		return fmt.Errorf("the waiting job, once room appeared: %w", err)
 	}
+	p = c.live(ns, p)
 	if r := c.classify(p); r != "one-zone" {
 		return fmt.Errorf("the waiting job, once room appeared in %s: %s %v", c.zone(zone), r, p)
 	}
 	c.logf("room appeared in %s: the job runs there whole", c.zone(zone))
 	return nil
+}
+
+// want is how many pods the controller makes of the job, the ones that
+// end first included.
+func (c *adviceCell) want() int { return c.kind.pods + c.kind.finished }
+
+// ended says whether a pod has ended (Succeeded or Failed).
+func ended(p *corev1.Pod) bool {
+	return p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed
+}
+
+// live leaves the pods that ended out of a placement: where a finished
+// initializer ran says nothing of where the job runs.
+func (c *adviceCell) live(ns string, p schedlab.Placement) schedlab.Placement {
+	pods, err := c.bed.Pods(ns)
+	if err != nil {
+		return p
+	}
+	for _, pod := range pods {
+		if ended(pod) {
+			delete(p, pod.Name)
+		}
+	}
+	return p
+}
+
+// finishSteps ends, as their kubelet would report it, the pods of the job
+// that finish before the rest are made (kind.finish), once each runs,
+// until stop is called.
+func (c *adviceCell) finishSteps(ctx context.Context, ns string) (stop func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		done := map[types.UID]bool{}
+		for {
+			pods, _ := c.bed.Pods(ns)
+			for _, p := range pods {
+				if p.Status.Phase == corev1.PodRunning && p.DeletionTimestamp == nil && !done[p.UID] && c.kind.finish(p) {
+					done[p.UID] = true
+					if err := c.bed.Kubelet.Exit(ctx, ns, p.Name, 0); err != nil && ctx.Err() == nil && !apierrors.IsNotFound(err) {
+						c.finishErr.Store(fmt.Errorf("ending %s: %w", p.Name, err))
+					}
+				}
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(300 * time.Millisecond):
+			}
+		}
+	})
+	return func() { cancel(); wg.Wait() }
 }
 
 // classify names where the job's pods are.
@@ -436,13 +578,14 @@ func (c *adviceCell) settle(ctx context.Context, ns string) (schedlab.Placement,
 	start := time.Now()
 	sctx, cancel := context.WithTimeout(ctx, stuckAfter)
 	defer cancel()
-	p, err := c.bed.SettleQuiet(sctx, ns, c.kind.pods, 10*time.Second)
-	if took := time.Since(start); took > time.Minute && len(p) >= c.kind.pods {
-		c.logf("the controller took %s to make the %s's %d pods", took.Round(time.Second), c.kind.name, c.kind.pods)
+	p, err := c.bed.SettleQuiet(sctx, ns, c.want(), 10*time.Second)
+	if took := time.Since(start); took > time.Minute && len(p) >= c.want() {
+		c.logf("the controller took %s to make the %s's %d pods", took.Round(time.Second), c.kind.name, c.want())
 	}
-	if err != nil && (len(p) >= c.kind.pods || ctx.Err() != nil) {
-		return p, err
+	if err != nil && (len(p) >= c.want() || ctx.Err() != nil) {
+		return c.live(ns, p), err
 	}
+	p = c.live(ns, p)
 	if len(p) < c.kind.pods {
 		c.logEvents(ctx, ns)
 		c.logController(ns)
@@ -506,6 +649,7 @@ func (c *adviceCell) settleKueue(ctx context.Context, ns string) (string, error)
 			return "", err
 		}
 		pods, _ := c.bed.Pods(ns)
+		pods = slices.DeleteFunc(pods, ended)
 		bound := slices.ContainsFunc(pods, func(p *corev1.Pod) bool { return p.Spec.NodeName != "" })
 		switch {
 		case len(wls) > 1:
@@ -626,6 +770,69 @@ func adviceRayCluster(ns, cell string) map[string]any {
 	}
 }
 
+// adviceTrainingRuntime creates the cell's ClusterTrainingRuntime (named
+// after the cell) in the shape of upstream's torch runtimes with
+// initializers (Trainer v2.2.0 manifests/base/runtimes): a CPU-only dataset
+// and model initializer, then the trainer nodes, which depend on both
+// having completed; every pod on the cell's nodes.
+func adviceTrainingRuntime(ctx context.Context, c *adviceCell) error {
+	step := func(name, ancestor string, gpus int64) map[string]any {
+		spec := cellPodSpec(name, "registry.example.com/"+name+":1", c.name(), gpus)
+		spec["restartPolicy"] = "Never"
+		return map[string]any{"name": name, "template": map[string]any{
+			"metadata": map[string]any{"labels": map[string]any{"trainer.kubeflow.org/trainjob-ancestor-step": ancestor}},
+			"spec":     map[string]any{"template": map[string]any{"spec": spec}},
+		}}
+	}
+	node := step("node", "trainer", 4)
+	node["dependsOn"] = []any{
+		map[string]any{"name": "dataset-initializer", "status": "Complete"},
+		map[string]any{"name": "model-initializer", "status": "Complete"},
+	}
+	u, err := trainlab.Unstructured(map[string]any{
+		"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "ClusterTrainingRuntime",
+		"metadata": map[string]any{"name": c.name(), "labels": map[string]any{"trainer.kubeflow.org/framework": "torch"}},
+		"spec": map[string]any{
+			"mlPolicy": map[string]any{"numNodes": 1, "torch": map[string]any{}},
+			"template": map[string]any{"spec": map[string]any{"replicatedJobs": []any{
+				step("dataset-initializer", "dataset-initializer", 0), step("model-initializer", "model-initializer", 0), node,
+			}}},
+		},
+	})
+	if err != nil {
+		return err
+	}
+	if _, err := c.bed.Dyn.Resource(trainlab.ClusterTrainingRuntimeGVR).Create(ctx, u, metav1.CreateOptions{}); err != nil {
+		return fmt.Errorf("creating the ClusterTrainingRuntime: %w", err)
+	}
+	return nil
+}
+
+// adviceTrainJob: a TrainJob of four trainer nodes of 4 GPUs on the cell's
+// runtime, with a dataset and a model to initialize first.
+func adviceTrainJob(ns, cell string) map[string]any {
+	return map[string]any{
+		"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob", "metadata": map[string]any{"name": "train", "namespace": ns},
+		"spec": map[string]any{
+			"runtimeRef":  map[string]any{"name": cell},
+			"initializer": map[string]any{"dataset": map[string]any{"storageUri": "hf://example/data"}, "model": map[string]any{"storageUri": "hf://example/model"}},
+			"trainer":     map[string]any{"numNodes": 4},
+		},
+	}
+}
+
+// adviceLWS: the job as one group of a LeaderWorkerSet of LWS v0.8.0: a
+// CPU-only leader and four workers of 4 GPUs.
+func adviceLWS(ns, cell string) map[string]any {
+	return map[string]any{
+		"apiVersion": "leaderworkerset.x-k8s.io/v1", "kind": "LeaderWorkerSet", "metadata": map[string]any{"name": "train", "namespace": ns},
+		"spec": map[string]any{"replicas": 1, "leaderWorkerTemplate": map[string]any{"size": 5,
+			"leaderTemplate": map[string]any{"spec": cellPodSpec("main", "registry.example.com/serve:1", cell, 0)},
+			"workerTemplate": map[string]any{"spec": cellPodSpec("main", "registry.example.com/serve:1", cell, 4)},
+		}},
+	}
+}
+
 func mergeYAML(job map[string]any, fix string) error {
 	var patch map[string]any
 	if err := yaml.Unmarshal([]byte(fix), &patch); err != nil {
@@ -654,10 +861,11 @@ func (c *adviceCell) getJob(ctx context.Context, ns string) map[string]any {
 	return u.Object
 }
 
-// analyze runs analyze on the cell's nodes, the namespace's pods and the
-// job, as a user runs it on `kubectl get nodes` and `kubectl get pods,KIND`
-// written to files (with --podgroups=on for the gang advice), and returns
-// its fix for the job.
+// analyze runs analyze on the cell's nodes, the namespace's pods, the
+// owners between them and the job, as docs/analyze.md tells a user to
+// dump them (`kubectl get nodes`, `kubectl get pods,jobs,jobsets,KIND`
+// written to files; a TrainJob's pods reach it through its JobSet), with
+// --podgroups=on for the gang advice, and returns its fix for the job.
 func (c *adviceCell) analyze(ctx context.Context, ns string) (string, error) {
 	nodes, pods, err := schedlab.ListItems(ctx, c.bed.Client, schedlab.LabelCell+"="+c.name(), ns)
 	if err != nil {
@@ -668,6 +876,21 @@ func (c *adviceCell) analyze(ctx context.Context, ns string) (string, error) {
 		return "", fmt.Errorf("no %s train in %s", c.kind.name, ns)
 	}
 	pods = append(pods, job)
+	for _, gvr := range []schema.GroupVersionResource{{Group: "batch", Version: "v1", Resource: "jobs"}, trainlab.JobSetGVR} {
+		if gvr == c.kind.gvr {
+			continue
+		}
+		list, err := c.bed.Dyn.Resource(gvr).Namespace(ns).List(ctx, metav1.ListOptions{})
+		if apierrors.IsNotFound(err) {
+			continue // no such CRD on this bed
+		}
+		if err != nil {
+			return "", err
+		}
+		for _, o := range list.Items {
+			pods = append(pods, o.Object)
+		}
+	}
 	dir, err := os.MkdirTemp("", "advice-cell-")
 	if err != nil {
 		return "", err
@@ -697,8 +920,8 @@ func (c *adviceCell) analyze(ctx context.Context, ns string) (string, error) {
 	}
 	for _, j := range rep.Jobs {
 		if j.Namespace == ns {
-			if j.JobKind != c.kind.name || j.JobName != "train" {
-				return "", fmt.Errorf("analyze names the job %s %s, want %s train", j.JobKind, j.JobName, c.kind.name)
+			if j.JobKind != c.kind.name || j.JobName != c.kind.jobName() {
+				return "", fmt.Errorf("analyze names the job %s %s, want %s %s", j.JobKind, j.JobName, c.kind.name, c.kind.jobName())
 			}
 			return j.SuggestedFix, nil
 		}
@@ -740,7 +963,11 @@ func (c *adviceCell) deleteJob(ctx context.Context, ns string) error {
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("the %s, its pods and Services are not gone: %v, %d pods, Services %v", c.kind.name, err, len(pods), serr)
+			var left []string
+			for _, p := range pods {
+				left = append(left, fmt.Sprintf("%s (%s, deleting %v, finalizers %v)", p.Name, p.Status.Phase, p.DeletionTimestamp != nil, p.Finalizers))
+			}
+			return fmt.Errorf("the %s, its pods and Services are not gone: %v, pods %v, Services %v", c.kind.name, err, left, serr)
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
