@@ -589,6 +589,9 @@ func recreateNote(kind string) string {
 	case "RayCluster", "RayJob":
 		// Seen on the real KubeRay v1.6.0 (internal/trainlab, TestAdviceCells).
 		return "# KubeRay: re-create it half a minute after the old pods are gone (KubeRay keeps a cluster's pod expectations by name for 30 s; sooner, its pods come only at its next reconcile, 300 s later).\n"
+	case "TrainJob":
+		// Seen on the real Kubeflow Trainer v2.2.0 (internal/trainlab).
+		return "# Trainer: delete it with kubectl's default cascade; with --cascade=foreground Trainer v2.2.0 re-creates its JobSet while the TrainJob waits for it, and the TrainJob never goes.\n"
 	}
 	return ""
 }

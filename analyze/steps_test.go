@@ -431,10 +431,15 @@ func TestKueueRayJobShutsDownItsCluster(t *testing.T) {
 // keeps a cluster's pod expectations by name for 30 s, and a RayCluster
 // re-created sooner got its pods only at its next reconcile, 300 s later
 // (internal/trainlab TestAdviceCells, the operator logging
-// "NotSatisfiedHeadExpectations"). Other kinds' advice does not.
+// "NotSatisfiedHeadExpectations"). A TrainJob's says to delete it with
+// kubectl's default cascade (Trainer v2.2.0 re-creates the JobSet of a
+// TrainJob deleted with foreground cascade). Other kinds' advice does not.
 func TestKubeRayRecreateNote(t *testing.T) {
 	if !strings.Contains(recreateNote("RayCluster"), "half a minute") || !strings.Contains(recreateNote("RayJob"), "half a minute") {
 		t.Errorf("no KubeRay note: %q", recreateNote("RayCluster"))
+	}
+	if !strings.Contains(recreateNote("TrainJob"), "--cascade=foreground") {
+		t.Errorf("no Trainer note: %q", recreateNote("TrainJob"))
 	}
 	if n := recreateNote("PyTorchJob"); n != "" {
 		t.Errorf("a PyTorchJob gets a note: %q", n)

@@ -929,22 +929,35 @@ func (c *adviceCell) analyze(ctx context.Context, ns string) (string, error) {
 	return "", fmt.Errorf("analyze reports no job in %s: %+v", ns, rep.Jobs)
 }
 
-// deleteJob deletes the job as kubectl does and waits until it, its pods
-// and its Services are gone. A controller that finds a Service of the old
+// deleteJob deletes the job as kubectl does (background cascade) and waits
+// until it, its pods, its Services and what the controllers made between
+// them (Jobs, JobSets, StatefulSets) are gone. Not with foreground
+// cascade: Kubeflow Trainer v2.2.0 re-creates a TrainJob's JobSet while
+// the TrainJob waits for it to be deleted (its reconcile does not look at
+// the deletion timestamp), and the TrainJob then never goes (seen: a
+// JobSet a few seconds old under a TrainJob deleted minutes before). A controller that finds a Service of the old
 // job when it makes the new one's fails and retries with a growing
 // backoff: a RayCluster re-created while the garbage collector was still
 // deleting the old head Service got no pod for two minutes in one of
 // three runs (KubeRay v1.6.0 makes the Services before the pods).
 func (c *adviceCell) deleteJob(ctx context.Context, ns string) error {
-	fg := metav1.DeletePropagationForeground
-	if err := c.bed.Dyn.Resource(c.kind.gvr).Namespace(ns).Delete(ctx, "train", metav1.DeleteOptions{PropagationPolicy: &fg}); err != nil {
+	bg := metav1.DeletePropagationBackground
+	if err := c.bed.Dyn.Resource(c.kind.gvr).Namespace(ns).Delete(ctx, "train", metav1.DeleteOptions{PropagationPolicy: &bg}); err != nil {
 		return err
 	}
 	for {
 		_, err := c.bed.Dyn.Resource(c.kind.gvr).Namespace(ns).Get(ctx, "train", metav1.GetOptions{})
 		pods, _ := c.bed.Pods(ns)
 		svcs, serr := c.bed.Client.CoreV1().Services(ns).List(ctx, metav1.ListOptions{})
-		if apierrors.IsNotFound(err) && len(pods) == 0 && serr == nil && len(svcs.Items) == 0 {
+		between := 0
+		for _, gvr := range []schema.GroupVersionResource{{Group: "batch", Version: "v1", Resource: "jobs"}, {Group: "apps", Version: "v1", Resource: "statefulsets"}, trainlab.JobSetGVR} {
+			if list, lerr := c.bed.Dyn.Resource(gvr).Namespace(ns).List(ctx, metav1.ListOptions{}); lerr == nil {
+				between += len(list.Items)
+			} else if !apierrors.IsNotFound(lerr) {
+				between++ // not known to be gone
+			}
+		}
+		if apierrors.IsNotFound(err) && len(pods) == 0 && serr == nil && len(svcs.Items) == 0 && between == 0 {
 			if c.kind.controller == "kuberay v1.6.0" {
 				// KubeRay keeps a RayCluster's pod expectations by its
 				// name (expectations.RayClusterScaleExpectation, 30 s
@@ -967,7 +980,7 @@ func (c *adviceCell) deleteJob(ctx context.Context, ns string) error {
 			for _, p := range pods {
 				left = append(left, fmt.Sprintf("%s (%s, deleting %v, finalizers %v)", p.Name, p.Status.Phase, p.DeletionTimestamp != nil, p.Finalizers))
 			}
-			return fmt.Errorf("the %s, its pods and Services are not gone: %v, pods %v, Services %v", c.kind.name, err, left, serr)
+			return fmt.Errorf("the %s, its pods, Services and owners between are not gone: %v, pods %v, Services %v, %d Jobs, StatefulSets or JobSets", c.kind.name, err, left, serr, between)
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
