@@ -1,6 +1,7 @@
 package analyze
 
 import (
+	"encoding/json"
 	"fmt"
 	"slices"
 	"sort"
@@ -8,6 +9,7 @@ import (
 
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	"sigs.k8s.io/yaml"
 
 	"github.com/zonewatch/zonewatch/collector/kube"
@@ -262,6 +264,10 @@ func patchTemplates(j *Job, pods *jobPods, tmpl func(replicaTypes ...string) map
 		}
 		if j.JobKind == "RayJob" {
 			spec = map[string]any{"rayClusterSpec": spec}
+			if sub := submitterTemplate(pods, tmpl(rayJobSubmitter)); sub != nil {
+				spec["submitterPodTemplate"] = sub
+				where = "its manifest (a RayJob with a submitterPodTemplate of its own: add the submitter's affinity and tolerations to that one, KubeRay takes it as it is)"
+			}
 		}
 	default:
 		// A batch Job has one pod template; other kinds get it for each
@@ -272,6 +278,53 @@ func patchTemplates(j *Job, pods *jobPods, tmpl func(replicaTypes ...string) map
 		}
 	}
 	return where, spec
+}
+
+// rayJobSubmitter is the replica type of a RayJob's submitter pod: the
+// batch Job rule's, which reads no role label.
+const rayJobSubmitter = ""
+
+// defaultRaySubmitter is KubeRay v1.6.0's default submitter container
+// (ray-operator controllers/ray/common/job.go GetDefaultSubmitterContainer):
+// the head's image; KubeRay adds the command (`ray job submit ...`) to a
+// container that has none.
+func defaultRaySubmitter(headImage string) corev1.Container {
+	return corev1.Container{Name: "ray-job-submitter", Image: headImage, Resources: corev1.ResourceRequirements{
+		Limits:   corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("1"), corev1.ResourceMemory: resource.MustParse("1Gi")},
+		Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("500m"), corev1.ResourceMemory: resource.MustParse("200Mi")},
+	}}
+}
+
+// submitterTemplate is a whole submitterPodTemplate for a RayJob: KubeRay
+// v1.6.0 takes a RayJob's submitterPodTemplate as it is (no default is
+// merged into it), so the advice's affinity and tolerations (frag) come
+// with the container the submitter ran (its name, image and resources;
+// no command: KubeRay writes its own into a container without one).
+func submitterTemplate(pods *jobPods, frag map[string]any) map[string]any {
+	if pods.submitter == nil {
+		return nil
+	}
+	b, err := json.Marshal(pods.submitter)
+	if err != nil {
+		return nil
+	}
+	var c map[string]any
+	if json.Unmarshal(b, &c) != nil {
+		return nil
+	}
+	spec := map[string]any{"restartPolicy": "Never", "containers": []any{c}}
+	out := map[string]any{"spec": spec}
+	for k, v := range frag {
+		m, _ := v.(map[string]any)
+		if k == "spec" {
+			for sk, sv := range m {
+				spec[sk] = sv
+			}
+			continue
+		}
+		out[k] = v
+	}
+	return out
 }
 
 func leaderTypes(pods *jobPods) []string {

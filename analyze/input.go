@@ -202,6 +202,11 @@ type jobPods struct {
 	// jobSet is the job's JobSet (a TrainJob's too) when the dump holds
 	// it: whether its replicated jobs start in steps.
 	jobSet *jobSetSpec
+	// submitter is a RayJob's submitter container as its pod ran it
+	// (name, image, resources), headImage its head's image: the
+	// advice's submitterPodTemplate is made of them.
+	submitter *corev1.Container
+	headImage string
 }
 
 // podSet is what loadPods reads: each job's pods, and what every
@@ -286,6 +291,15 @@ func loadPods(index *topology.Index, rules []topology.Rule, path string) (*podSe
 			j.explicit = true
 			j.replicas[p.Identity.ReplicaType] = true
 		}
+		if p.Identity.Kind == "RayJob" && len(pod.Spec.Containers) > 0 {
+			c := &pod.Spec.Containers[0]
+			switch p.Identity.ReplicaType {
+			case "head":
+				j.headImage = c.Image
+			case rayJobSubmitter:
+				j.submitter = &corev1.Container{Name: c.Name, Image: c.Image, Resources: c.Resources}
+			}
+		}
 		if g := pod.Labels["ray.io/group"]; g != "" && !coord && !slices.Contains(j.rayGroups, g) {
 			j.rayGroups = append(j.rayGroups, g)
 		}
@@ -316,6 +330,18 @@ func loadPods(index *topology.Index, rules []topology.Rule, path string) (*podSe
 			if json.Unmarshal(item, &ik) == nil && ik.Kind == "PodGroup" {
 				served = served || servesPodGroups(item)
 			}
+		}
+	}
+	for _, j := range jobs {
+		if j.headImage != "" && j.submitter == nil {
+			// A RayJob whose submitter is not created yet (KubeRay makes
+			// it once the cluster is ready): KubeRay v1.6.0's default
+			// one (common.GetDefaultSubmitterContainer), which the
+			// advice must hold to the zone as well.
+			c := defaultRaySubmitter(j.headImage)
+			j.submitter = &c
+			j.replicas[rayJobSubmitter] = false
+			j.done = append(j.done, podDemand{replicaType: rayJobSubmitter, requests: c.Resources.Requests})
 		}
 	}
 	// JobSets in the dump (kubectl get pods,jobsets) say whether their

@@ -132,8 +132,8 @@ func planGang(kind string, pods *jobPods) gangPlan {
 	case "RayJob", "RayCluster":
 		for rt := range pods.replicas {
 			if rt != "head" && rt != "worker" {
-				// The submitter: no template of the patch makes it.
-				leave(rt, "the RayJob's submitter is created once its RayCluster is ready and takes no GPU: it is left out of the gang")
+				// The submitter: the patch's submitterPodTemplate.
+				notCounted(rt, "the RayJob's submitter is created once its RayCluster is ready: it joins the group but is not counted in minCount")
 			}
 		}
 	}

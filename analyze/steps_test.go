@@ -5,8 +5,11 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
+
+	corev1 "k8s.io/api/core/v1"
 
 	"sigs.k8s.io/yaml"
 
@@ -296,8 +299,28 @@ func TestGangSteps(t *testing.T) {
 			"ray.io/cluster": "tune-x", "ray.io/node-type": "worker", "ray.io/group": "gpu", "ray.io/originated-from-crd": "RayJob", "ray.io/originated-from-cr-name": "tune"}}.object(ns))
 	}
 	fix = stepsFix(t, PodGroupsOn, "tune", ray...)
-	if n, labelled := gangOf(t, fix); n != 3 || !hasPath(labelled, "headGroupSpec") || !hasPath(labelled, "[gpu]") {
-		t.Errorf("RayJob with its submitter: minCount %d, labelled %v; want 3 (head and workers), head and worker group:\n%s", n, labelled, fix)
+	if n, labelled := gangOf(t, fix); n != 3 || !hasPath(labelled, "headGroupSpec") || !hasPath(labelled, "[gpu]") || !hasPath(labelled, "submitterPodTemplate") {
+		t.Errorf("RayJob with its submitter: minCount %d, labelled %v; want 3 (head and workers), head, worker group and submitter (uncounted):\n%s", n, labelled, fix)
+	}
+	// KubeRay v1.6.0 takes a submitterPodTemplate as it is: the advice's
+	// is whole (the container the submitter ran, restartPolicy Never).
+	var patch struct {
+		Spec struct {
+			Submitter *corev1.PodTemplateSpec `json:"submitterPodTemplate"`
+		} `json:"spec"`
+	}
+	docs := strings.Split(fix, "\n---\n")
+	if err := yaml.Unmarshal([]byte(docs[len(docs)-1]), &patch); err != nil || patch.Spec.Submitter == nil {
+		t.Fatalf("no submitterPodTemplate (%v):\n%s", err, fix)
+	}
+	if sub := patch.Spec.Submitter.Spec; len(sub.Containers) != 1 || sub.Containers[0].Image == "" || sub.RestartPolicy != corev1.RestartPolicyNever || len(sub.Containers[0].Command) > 0 {
+		t.Errorf("the submitterPodTemplate is not whole, or sets a command: %+v\n%s", sub, fix)
+	}
+	// Not created yet (the cluster is not ready): KubeRay's default
+	// submitter, of the head's image, held to the zone all the same.
+	fix = stepsFix(t, PodGroupsOff, "tune", slices.Delete(slices.Clone(ray), 1, 2)...)
+	if !strings.Contains(fix, "submitterPodTemplate") || !strings.Contains(fix, "ray-job-submitter") || !strings.Contains(fix, "nodeAffinity") {
+		t.Errorf("the pin of a RayJob whose submitter is not created yet holds no default submitter:\n%s", fix)
 	}
 }
 

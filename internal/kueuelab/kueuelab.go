@@ -92,6 +92,7 @@ const (
 	FrameworkRayCluster = "ray.io/raycluster"
 	FrameworkMPIJob     = "kubeflow.org/mpijob"
 	FrameworkTrainJob   = "trainer.kubeflow.org/trainjob"
+	FrameworkRayJob     = "ray.io/rayjob"
 	// FrameworkLWS manages a LeaderWorkerSet's groups as pod groups: Kueue
 	// turns its pod integration on with it (leaderworkerset_controller.go
 	// ImplicitlyEnabledFrameworkNames), so Attach registers the pod
@@ -107,6 +108,7 @@ var frameworkWebhooks = map[string]string{
 	FrameworkRayCluster: "-ray-io-v1-raycluster",
 	FrameworkMPIJob:     "-kubeflow-org-v2beta1-mpijob",
 	FrameworkTrainJob:   "-trainer-kubeflow-org-v1alpha1-trainjob",
+	FrameworkRayJob:     "-ray-io-v1-rayjob",
 	FrameworkLWS:        "-leaderworkerset-x-k8s-io-v1-leaderworkerset",
 }
 

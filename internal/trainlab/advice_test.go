@@ -71,6 +71,10 @@ type adviceKind struct {
 	// are not counted in pods, and a placement leaves them out.
 	finished int
 	finish   func(*corev1.Pod) bool
+	// late are the pods the controller makes only once the others run
+	// (a RayJob's submitter, once its cluster is ready): counted in pods;
+	// while the others wait, their absence is no stuck job.
+	late int
 	// setup creates what the job refers to, once per cell (a TrainJob's
 	// runtime).
 	setup func(ctx context.Context, c *adviceCell) error
@@ -115,6 +119,10 @@ var adviceKinds = []adviceKind{
 	{name: "TrainJob", short: "trainjob", gvr: trainlab.TrainJobGVR, pods: 4, manifest: adviceTrainJob, setup: adviceTrainingRuntime,
 		finished: 2, finish: func(p *corev1.Pod) bool { return slices.Contains(trainerInitializers, p.Labels[jobSetReplicatedJob]) },
 		controller: "trainer v2.2.0", framework: kueuelab.FrameworkTrainJob, suspend: []string{"spec", "suspend"}},
+	// Pods in steps: the submitter (CPU-only, its template the user's, on
+	// the cell's nodes) comes once the cluster is ready.
+	{name: "RayJob", short: "rayjob", gvr: trainlab.RayJobGVR, pods: 6, late: 1, manifest: adviceRayJob,
+		controller: "kuberay v1.6.0", framework: kueuelab.FrameworkRayJob, suspend: []string{"spec", "suspend"}},
 	// One group of a CPU-only leader and four workers of 4 GPUs: the job
 	// is the group, train-0.
 	// analyze gives it no gang, and says why (analyze.lwsNoGang): its pin is
@@ -544,7 +552,9 @@ func (c *adviceCell) finishSteps(ctx context.Context, ns string) (stop func()) {
 
 // classify names where the job's pods are.
 func (c *adviceCell) classify(p schedlab.Placement) string {
-	if len(p) < c.kind.pods {
+	if len(p) < c.kind.pods && (len(p) < c.kind.pods-c.kind.late || p.Pending() == 0) {
+		// Fewer pods than the controller makes at once, or the late
+		// ones not made though the rest run.
 		return "stuck"
 	}
 	switch zones, pending := zonesOf(p, c.zoneOf), p.Pending(); {
@@ -578,7 +588,11 @@ func (c *adviceCell) settle(ctx context.Context, ns string) (schedlab.Placement,
 	start := time.Now()
 	sctx, cancel := context.WithTimeout(ctx, stuckAfter)
 	defer cancel()
-	p, err := c.bed.SettleQuiet(sctx, ns, c.want(), 10*time.Second)
+	p, err := c.bed.SettleQuiet(sctx, ns, c.want()-c.kind.late, 10*time.Second)
+	if err == nil && c.kind.late > 0 && p.Pending() == 0 {
+		// The first pods run: the late ones come.
+		p, err = c.bed.SettleQuiet(sctx, ns, c.want(), 10*time.Second)
+	}
 	if took := time.Since(start); took > time.Minute && len(p) >= c.want() {
 		c.logf("the controller took %s to make the %s's %d pods", took.Round(time.Second), c.kind.name, c.want())
 	}
@@ -833,6 +847,22 @@ func adviceLWS(ns, cell string) map[string]any {
 	}
 }
 
+// adviceRayJob: the RayCluster's job as a RayJob of KubeRay v1.6.0
+// (K8sJobMode), its submitter's template the user's (on the cell's nodes).
+func adviceRayJob(ns, cell string) map[string]any {
+	rc := adviceRayCluster(ns, cell)
+	sub := cellPodSpec("ray-job-submitter", "registry.example.com/ray:2.40.0", cell, 0)
+	sub["restartPolicy"] = "Never"
+	return map[string]any{
+		"apiVersion": "ray.io/v1", "kind": "RayJob", "metadata": map[string]any{"name": "train", "namespace": ns},
+		"spec": map[string]any{
+			"entrypoint":           "python train.py",
+			"rayClusterSpec":       rc["spec"],
+			"submitterPodTemplate": map[string]any{"spec": sub},
+		},
+	}
+}
+
 func mergeYAML(job map[string]any, fix string) error {
 	var patch map[string]any
 	if err := yaml.Unmarshal([]byte(fix), &patch); err != nil {
@@ -876,7 +906,7 @@ func (c *adviceCell) analyze(ctx context.Context, ns string) (string, error) {
 		return "", fmt.Errorf("no %s train in %s", c.kind.name, ns)
 	}
 	pods = append(pods, job)
-	for _, gvr := range []schema.GroupVersionResource{{Group: "batch", Version: "v1", Resource: "jobs"}, trainlab.JobSetGVR} {
+	for _, gvr := range []schema.GroupVersionResource{{Group: "batch", Version: "v1", Resource: "jobs"}, trainlab.JobSetGVR, trainlab.RayClusterGVR} {
 		if gvr == c.kind.gvr {
 			continue
 		}
