@@ -145,7 +145,7 @@ func suggestedFix(j *Job, pods *jobPods, nodes map[string]nodeInfo, used map[str
 	if len(tols) > 0 {
 		fmt.Fprintf(&b, "# Pods without GPUs tolerate the taints of the GPU nodes in %s, so they can run next to the workers.\n", zone)
 	}
-	fmt.Fprintf(&b, "# If %s fills before the job is re-created its pods wait Pending; gang admission waits for a zone with room instead (Kueue TAS, %s).\n",
+	fmt.Fprintf(&b, "# If %s fills before the job is re-created some pods run and the rest wait Pending (half-placed: a pin holds no pod back); gang admission waits whole for a zone with room instead\n# (Kubernetes 1.37's gang + topology scheduling: analyze --podgroups=on; or Kueue TAS, %s).\n",
 		zone, KueueTopologyAnnotation)
 	b.Write(body)
 	return b.String()
