@@ -31,7 +31,7 @@ func TestCiliumLabDemo(t *testing.T) {
 	defer cancel()
 
 	step("starting etcd, kube-apiserver, the real kube-scheduler v1.37.2 and four real cilium-agent v1.20.2, one per node, each node a network and mount namespace (VXLAN between them)")
-	lab, api, tools := startCiliumLab(t, false)
+	lab, api, tools, sl := startCiliumLabSched(t, ciliumlab.Config{Nodes: labNodes})
 	for _, spec := range labNodes {
 		n := lab.Node(spec.Name)
 		what := fmt.Sprintf("%s CPUs, %s memory", spec.CPU, spec.Memory)
@@ -47,9 +47,11 @@ func TestCiliumLabDemo(t *testing.T) {
 	step("starting one zonewatch exporter per node, in the node's namespaces, with the chart's args, ServiceAccount and securityContext")
 	addrs := startLabExporters(t, lab, api, gpus)
 
+	step("starting the Kubeflow training operator v1.9.3 against the lab's apiserver, with its CRDs and webhooks (internal/trainlab)")
+	op := startLabOperator(t, lab, sl)
 	step("applying the zone fence ml-team/zone-isolation (ml-team pods accept only their own zone) and three PyTorchJobs, pods wired by cilium-cni")
-	step("bert-slow and resnet-healthy are placed by the lab; llm-blocked is this PyTorchJob, its pods created unbound as the training operator creates them and placed by kube-scheduler:\n%s", blockedJobYAML)
-	sc := startLabScenario(ctx, t, lab)
+	step("bert-slow and resnet-healthy are placed by the lab; llm-blocked is this PyTorchJob, its pods made by the training operator and placed by kube-scheduler:\n%s", blockedJobYAML)
+	sc := startLabScenarioWith(ctx, t, lab, op)
 	sc.simulateGPUs(gpus)
 	for _, j := range []*labJob{sc.blocked, sc.slow, sc.healthy} {
 		for _, p := range j.pods() {
@@ -114,7 +116,7 @@ func TestCiliumLabDemo(t *testing.T) {
 	stops[0]()
 	fix, cmd := sc.fix(ctx, t, lab, gpus, dir)
 	step("$ %s\n    Fix:\n%s", cmd, indent(fix, "      "))
-	step("added to llm-blocked's manifest; its pods deleted and re-created from it; kube-scheduler placed every one in %s:", sc.blocked.zones()[0])
+	step("added to llm-blocked's manifest; the PyTorchJob deleted and re-created from it, the training operator made its pods again; kube-scheduler placed every one in %s:", sc.blocked.zones()[0])
 	for _, p := range sc.blocked.pods() {
 		step("  %s on %s (%s): %s (%s: %s)", p.Ref(), p.Node.Name, p.Node.Zone, p.IP, p.ScheduledBy, p.Scheduled)
 	}

@@ -135,6 +135,14 @@ func startCiliumLab(t *testing.T, relay bool) (*ciliumlab.Lab, *testenv.APIServe
 // the rest is filled in.
 func startCiliumLabWith(t *testing.T, cfg ciliumlab.Config) (*ciliumlab.Lab, *testenv.APIServer, string) {
 	t.Helper()
+	lab, api, tools, _ := startCiliumLabSched(t, cfg)
+	return lab, api, tools
+}
+
+// startCiliumLabSched is startCiliumLabWith that also returns the lab's
+// scheduler (`make demo` starts the training operator beside it).
+func startCiliumLabSched(t *testing.T, cfg ciliumlab.Config) (*ciliumlab.Lab, *testenv.APIServer, string, *schedlab.Lab) {
+	t.Helper()
 	if cfg.Cilium == "" {
 		cfg.Cilium = "cilium"
 	}
@@ -170,9 +178,9 @@ func startCiliumLabWith(t *testing.T, cfg ciliumlab.Config) (*ciliumlab.Lab, *te
 	// The real kube-scheduler places the pods the lab leaves unbound
 	// (stopped at cleanup, before the lab closes).
 	began := time.Now()
-	schedlab.Attach(t, api)
+	sl := schedlab.Attach(t, api)
 	t.Logf("kube-scheduler healthy in %s", time.Since(began).Round(time.Millisecond))
-	return lab, api, tools
+	return lab, api, tools, sl
 }
 
 func tailOf(path string, n int) string {
@@ -244,6 +252,10 @@ type labScenario struct {
 	blocked, slow, healthy *labJob
 	// blockedJob is llm-blocked's manifest, which the fix changes.
 	blockedJob *schedlab.Job
+	// op, when set, is the real training operator that makes
+	// llm-blocked's pods (`make demo`); else the lab creates them as it
+	// would (scheduleJob).
+	op *labOperator
 }
 
 // pods are every pod of the scenario's three jobs.
@@ -257,6 +269,13 @@ func (sc *labScenario) pods() []*ciliumlab.Pod {
 
 func startLabScenario(ctx context.Context, t *testing.T, lab *ciliumlab.Lab) *labScenario {
 	t.Helper()
+	return startLabScenarioWith(ctx, t, lab, nil)
+}
+
+// startLabScenarioWith is startLabScenario with llm-blocked made by the
+// real training operator op (nil: by the lab).
+func startLabScenarioWith(ctx context.Context, t *testing.T, lab *ciliumlab.Lab, op *labOperator) *labScenario {
+	t.Helper()
 	// The fence first, as a cluster has it before the jobs come.
 	if _, _, err := lab.ApplyPolicy(ctx, zoneFence()); err != nil {
 		t.Fatal(err)
@@ -266,8 +285,13 @@ func startLabScenario(ctx context.Context, t *testing.T, lab *ciliumlab.Lab) *la
 		slow:       addPyTorchJob(ctx, t, lab, "research", "bert-slow", "gpu-c1", "gpu-a1", "gpu-a2"),
 		healthy:    addPyTorchJob(ctx, t, lab, "ml-team", "resnet-healthy", "gpu-a1", "gpu-a1", "gpu-a2"),
 		blockedJob: pytorchJob(t, blockedJobYAML),
+		op:         op,
 	}
-	sc.blocked = scheduleJob(ctx, t, lab, sc.blockedJob)
+	if op != nil {
+		sc.blocked = op.place(ctx, t, sc.blockedJob)
+	} else {
+		sc.blocked = scheduleJob(ctx, t, lab, sc.blockedJob)
+	}
 	// The seed's split, made by the scheduler.
 	if z := sc.blocked.coordinator.Node.Zone; z != zoneB {
 		t.Errorf("the scheduler put llm-blocked's master in %s, want the CPU node's zone %s: %s", z, zoneB, sc.blocked.placement())
@@ -332,13 +356,17 @@ func (sc *labScenario) fix(ctx context.Context, t *testing.T, lab *ciliumlab.Lab
 	}
 	fixed := sc.blockedJob.Copy()
 	schedlab.Merge(fixed.Manifest, patch)
-	for _, p := range sc.blocked.pods() {
-		if err := p.Delete(ctx); err != nil {
-			t.Fatal(err)
-		}
-	}
 	sc.blockedJob = fixed
-	sc.blocked = scheduleJob(ctx, t, lab, fixed)
+	if sc.op != nil {
+		sc.blocked = sc.op.replace(ctx, t, sc.blocked, fixed)
+	} else {
+		for _, p := range sc.blocked.pods() {
+			if err := p.Delete(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		sc.blocked = scheduleJob(ctx, t, lab, fixed)
+	}
 	if z := sc.blocked.zones(); len(z) != 1 {
 		t.Fatalf("with analyze's fix the scheduler placed llm-blocked in %v: %s\nfix:\n%s", z, sc.blocked.placement(), rep.SuggestedFix)
 	}

@@ -215,3 +215,118 @@ func (l *Lab) pendingError(pods []*Pod, last map[types.UID]*corev1.Pod, cause er
 	sort.Strings(why)
 	return fmt.Errorf("%s: %w", strings.Join(why, "; "), cause)
 }
+
+// RunPods does a kubelet's part for pods that a controller creates (a
+// training operator running against the lab's apiserver, `make demo`):
+// it waits until namespace has want pods matching selector (a label
+// selector, "" for all) bound to the lab's nodes by the scheduler and
+// wires each as SchedulePods does (its node's labels named in
+// nodeLabels copied onto it first). It returns them in the order they
+// were created. Deleting them stays with the caller (Pod.Delete, as a
+// kubelet ends a pod the controller or the garbage collector deleted).
+func (l *Lab) RunPods(ctx context.Context, namespace, selector string, want int, nodeLabels map[string]string, timeout time.Duration) ([]*Pod, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	type seen struct {
+		pod     *Pod
+		created time.Time
+	}
+	byUID := map[types.UID]*seen{}
+	last := map[types.UID]*corev1.Pod{}
+	wired := 0
+	handle := func(pod *corev1.Pod) error {
+		last[pod.UID] = pod
+		s := byUID[pod.UID]
+		if s == nil {
+			if pod.DeletionTimestamp != nil {
+				return nil
+			}
+			p := &Pod{lab: l, UID: pod.UID, Spec: specOf(pod)}
+			l.onUndo("Pod "+p.Ref(), func() error { return p.deleteObject(context.Background()) })
+			s = &seen{pod: p, created: pod.CreationTimestamp.Time}
+			byUID[pod.UID] = s
+		}
+		if pod.Spec.NodeName == "" || s.pod.Node != nil {
+			return nil
+		}
+		if err := l.runBound(ctx, s.pod, pod, nodeLabels); err != nil {
+			return err
+		}
+		wired++
+		return nil
+	}
+	result := func() []*Pod {
+		var out []*seen
+		for _, s := range byUID {
+			if s.pod.Node != nil {
+				out = append(out, s)
+			}
+		}
+		sort.Slice(out, func(i, j int) bool {
+			if !out[i].created.Equal(out[j].created) {
+				return out[i].created.Before(out[j].created)
+			}
+			return out[i].pod.Spec.Name < out[j].pod.Spec.Name
+		})
+		pods := make([]*Pod, len(out))
+		for i, s := range out {
+			pods[i] = s.pod
+		}
+		return pods
+	}
+	pending := func(cause error) error {
+		var left []*Pod
+		for _, s := range byUID {
+			left = append(left, s.pod)
+		}
+		if len(left) < want {
+			return fmt.Errorf("namespace %s: %d of %d pods created (%s): %w", namespace, len(left), want, selector, cause)
+		}
+		return l.pendingError(left, last, cause)
+	}
+	list, err := l.Client.CoreV1().Pods(namespace).List(ctx, metav1.ListOptions{LabelSelector: selector})
+	if err != nil {
+		return nil, fmt.Errorf("listing pods of %s: %w", namespace, err)
+	}
+	for i := range list.Items {
+		if err := handle(&list.Items[i]); err != nil {
+			return result(), err
+		}
+	}
+	from := list.ResourceVersion
+	for wired < want {
+		w, err := l.Client.CoreV1().Pods(namespace).Watch(ctx, metav1.ListOptions{LabelSelector: selector, ResourceVersion: from, AllowWatchBookmarks: true})
+		if err != nil {
+			if ctx.Err() != nil {
+				return result(), pending(ctx.Err())
+			}
+			return result(), fmt.Errorf("watching pods of %s: %w", namespace, err)
+		}
+		for ev := range w.ResultChan() {
+			if ev.Type == watch.Error {
+				w.Stop()
+				return result(), fmt.Errorf("watching pods of %s: %v", namespace, apierrors.FromObject(ev.Object))
+			}
+			pod, ok := ev.Object.(*corev1.Pod)
+			if !ok {
+				continue
+			}
+			from = pod.ResourceVersion
+			if ev.Type == watch.Bookmark || ev.Type == watch.Deleted {
+				continue
+			}
+			if err := handle(pod); err != nil {
+				w.Stop()
+				return result(), err
+			}
+			if wired >= want {
+				break
+			}
+		}
+		w.Stop()
+		if wired < want && ctx.Err() != nil {
+			return result(), pending(ctx.Err())
+		}
+	}
+	return result(), nil
+}

@@ -130,6 +130,24 @@ func Start(t testing.TB, opts ...Option) *Bed {
 	return b
 }
 
+// On makes a bed of a lab already running whose bound pods another
+// kubelet runs (`make demo`'s Cilium lab wires them with cilium-cni, its
+// real agents in the way): kube-controller-manager with the given
+// controllers (none: not started) against the lab's apiserver, no kubelet
+// stand-in (Kubelet is nil). Start the training controllers on it as on
+// any bed.
+func On(t testing.TB, lab *schedlab.Lab, controllers ...string) *Bed {
+	t.Helper()
+	dyn, err := dynamic.NewForConfig(lab.API.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(controllers) > 0 {
+		startKCM(t, lab.API, controllers, nil)
+	}
+	return &Bed{Lab: lab, Dyn: dyn, CA: testenv.NewCA(t)}
+}
+
 // startKCM runs kube-controller-manager against the apiserver with only
 // the given controllers, no leader election, serving its health on
 // loopback, and waits until it is healthy.

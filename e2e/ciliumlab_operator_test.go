@@ -1,0 +1,125 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strconv"
+	"testing"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/zonewatch/zonewatch/internal/ciliumlab"
+	"github.com/zonewatch/zonewatch/internal/schedlab"
+	"github.com/zonewatch/zonewatch/internal/trainlab"
+)
+
+// labOperator is the Kubeflow training operator (v1.9.3, started by
+// internal/trainlab with its CRDs and webhooks) against the Cilium lab's
+// apiserver: `make demo`'s llm-blocked is a PyTorchJob whose pods it
+// makes, the real kube-scheduler binds and the lab wires with cilium-cni
+// as a kubelet would (ciliumlab.RunPods). No kube-controller-manager runs
+// here (its garbage collector would delete the lab's control pods, whose
+// owners the lab names but never creates): the demo deletes a deleted
+// job's pods and Services itself, as the garbage collector and the
+// kubelet would.
+type labOperator struct {
+	bed *trainlab.Bed
+	lab *ciliumlab.Lab
+}
+
+func startLabOperator(t *testing.T, lab *ciliumlab.Lab, sl *schedlab.Lab) *labOperator {
+	t.Helper()
+	bed := trainlab.On(t, sl)
+	bed.StartTrainingOperator(t)
+	return &labOperator{bed: bed, lab: lab}
+}
+
+// place creates the PyTorchJob and returns its pods once the operator
+// made them all, the scheduler bound them and the lab wired them: the
+// master first, then the workers by index.
+func (o *labOperator) place(ctx context.Context, t *testing.T, j *schedlab.Job) *labJob {
+	t.Helper()
+	if err := o.lab.EnsureNamespace(ctx, j.Namespace); err != nil {
+		t.Fatal(err)
+	}
+	u, err := trainlab.Unstructured(j.Manifest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := o.bed.Dyn.Resource(trainlab.PyTorchJobGVR).Namespace(j.Namespace).Create(ctx, u, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("creating PyTorchJob %s/%s: %v", j.Namespace, j.Name, err)
+	}
+	coords, workers, _, err := j.Pods()
+	if err != nil {
+		t.Fatal(err)
+	}
+	began := time.Now()
+	pods, err := o.lab.RunPods(ctx, j.Namespace, jobNameLabel+"="+j.Name, len(coords)+len(workers), map[string]string{"zone": schedlab.LabelZone}, 2*time.Minute)
+	if err != nil {
+		t.Fatalf("the training operator's pods of %s/%s: %v", j.Namespace, j.Name, err)
+	}
+	t.Logf("%s/%s: %d pods made by training-operator v1.9.3, bound by kube-scheduler and wired in %s", j.Namespace, j.Name, len(pods), time.Since(began).Round(time.Millisecond))
+	out := &labJob{ns: j.Namespace, name: j.Name}
+	for _, p := range pods {
+		if p.ScheduledBy != "default-scheduler" {
+			t.Errorf("pod %s on %s: Scheduled event by %q, want default-scheduler's", p.Ref(), p.Node.Name, p.ScheduledBy)
+		}
+		if p.Spec.Labels["training.kubeflow.org/job-role"] == "master" {
+			out.coordinator = p
+		} else {
+			out.workers = append(out.workers, p)
+		}
+	}
+	if out.coordinator == nil {
+		t.Fatalf("the operator made no master of %s/%s among %d pods", j.Namespace, j.Name, len(pods))
+	}
+	slices.SortFunc(out.workers, func(a, b *ciliumlab.Pod) int {
+		ia, _ := strconv.Atoi(a.Spec.Labels["training.kubeflow.org/replica-index"])
+		ib, _ := strconv.Atoi(b.Spec.Labels["training.kubeflow.org/replica-index"])
+		return ia - ib
+	})
+	return out
+}
+
+// replace does what the runbook tells a user (delete the job, re-create
+// it with the fix) and returns the new job's pods: the PyTorchJob
+// deleted, its pods ended as their kubelet ends them and its Services
+// deleted (the garbage collector's part), the fixed one created.
+func (o *labOperator) replace(ctx context.Context, t *testing.T, old *labJob, fixed *schedlab.Job) *labJob {
+	t.Helper()
+	res := o.bed.Dyn.Resource(trainlab.PyTorchJobGVR).Namespace(old.ns)
+	if err := res.Delete(ctx, old.name, metav1.DeleteOptions{}); err != nil {
+		t.Fatalf("deleting PyTorchJob %s/%s: %v", old.ns, old.name, err)
+	}
+	for {
+		_, err := res.Get(ctx, old.name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("PyTorchJob %s/%s not gone: %v", old.ns, old.name, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	for _, p := range old.pods() {
+		if err := p.Delete(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	svcs := o.lab.Client.CoreV1().Services(old.ns)
+	list, err := svcs.List(ctx, metav1.ListOptions{LabelSelector: jobNameLabel + "=" + old.name})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range list.Items {
+		if err := svcs.Delete(ctx, s.Name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+			t.Fatal(fmt.Errorf("deleting Service %s/%s: %w", old.ns, s.Name, err))
+		}
+	}
+	return o.place(ctx, t, fixed)
+}
+
+const jobNameLabel = "training.kubeflow.org/job-name"
