@@ -32,8 +32,10 @@ type labOperator struct {
 
 func startLabOperator(t *testing.T, lab *ciliumlab.Lab, sl *schedlab.Lab) *labOperator {
 	t.Helper()
+	began := time.Now()
 	bed := trainlab.On(t, sl)
 	bed.StartTrainingOperator(t)
+	t.Logf("training-operator v1.9.3 up, its webhooks called, in %s", time.Since(began).Round(time.Millisecond))
 	return &labOperator{bed: bed, lab: lab}
 }
 

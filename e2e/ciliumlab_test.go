@@ -239,7 +239,8 @@ func chartArgs(t *testing.T, replace map[string]string) []string {
 // labScenario is the seed's lab on the agents: the zone fence and three
 // PyTorchJobs.
 //
-//   - ml-team/llm-blocked: created unbound (blockedJobYAML), placed by the
+//   - ml-team/llm-blocked: created unbound (blockedJobYAML; its pods made
+//     by the real training operator where op is given), placed by the
 //     real kube-scheduler: the default scoring (least allocated) puts its
 //     CPU-only master on the big CPU node in zone b, the toleration
 //     permitting the GPU nodes but not attracting it, and its GPU workers
@@ -838,14 +839,17 @@ func conntrackOf(t *testing.T, lab *ciliumlab.Lab, peer netip.Addr, port uint16,
 // TestCiliumLab runs the seed's three symptoms with real packets on real
 // Cilium v1.20.2 agents (one per node, VXLAN between them, pods wired by
 // cilium-cni) and compares each exporter's counts with the ground truth:
-// the test's own traffic and the agents' own counters.
+// the test's own traffic and the agents' own counters. llm-blocked's pods
+// are made by the real Kubeflow training operator v1.9.3, as in `make
+// demo`.
 func TestCiliumLab(t *testing.T) {
 	if testing.Short() {
 		t.Skip("end-to-end: starts four Cilium agents")
 	}
 	inLane(t)
 	began := time.Now()
-	lab, api, tools := startCiliumLab(t, true)
+	lab, api, tools, sl := startCiliumLabSched(t, ciliumlab.Config{Nodes: labNodes, Relay: true})
+	op := startLabOperator(t, lab, sl)
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
 	t.Logf("lab start: %s (apiserver and four agents ready, each knowing every node)", lab.StartTime.Round(time.Millisecond))
@@ -866,7 +870,7 @@ func TestCiliumLab(t *testing.T) {
 		t.Fatal(err)
 	}
 	shards := startRelayExporters(t, api, relayAddr, 2)
-	sc := startLabScenario(ctx, t, lab)
+	sc := startLabScenarioWith(ctx, t, lab, op)
 	sc.simulateGPUs(gpus)
 	blocked, slow, healthy := sc.blocked, sc.slow, sc.healthy
 	t.Logf("exporters up, pods wired and the fence in force %s after the test began", time.Since(began).Round(time.Millisecond))

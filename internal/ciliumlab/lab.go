@@ -12,7 +12,8 @@
 // returned; its sockets are made by a process of its own in a cgroup under
 // the node's cgroup root (sandbox.go), as a container's are. A pod is bound by the lab (AddPod) or created unbound and
 // placed by a scheduler running against the apiserver (SchedulePods: the
-// lab wires it on the node of its Binding, as a kubelet would); nodes
+// lab wires it on the node of its Binding, as a kubelet would; RunPods
+// does the same for the pods a controller makes); nodes
 // carry allocatable resources and taints for it. Nodes talk over VXLAN or,
 // with Config.Routing native, directly over the bridge; Config.ServiceLB
 // picks what translates ClusterIPs (socket or tc LB of kube-proxy
