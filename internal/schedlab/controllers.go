@@ -304,6 +304,15 @@ func trainJob() *Shape {
 // them with the group size (and the workers with their leader) and, with
 // the exclusive-topology annotation, gives each pod a required affinity to
 // its group and anti-affinity to other groups in the domain.
+//
+// Where the real controller differs (issue 43, internal/trainlab
+// TestAdviceCells): with the exclusive-topology annotation LWS v0.8.0
+// creates a group's worker StatefulSet only once the leader pod is
+// scheduled (pkg/controllers/pod_controller.go), so its workers come a
+// step after the leader; this shape makes them all at once, and its
+// leader takes GPUs (a CPU-only leader held to GPU zones must tolerate
+// their taints, or the group never gets its workers: seen on the real
+// controller). Advice on LWS is proven on the real controller, not here.
 func lws() *Shape {
 	s := &Shape{Name: "LeaderWorkerSet", Kind: "LeaderWorkerSet", AllGPU: true}
 	s.manifest = func(name string, sz Size) map[string]any {
