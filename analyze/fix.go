@@ -227,7 +227,12 @@ func patchTemplates(j *Job, pods *jobPods, tmpl func(replicaTypes ...string) map
 				"template": tmpl(name)}}})
 		}
 		spec = map[string]any{"replicatedJobs": list}
-		where = "its manifest (for a Kubeflow TrainJob: its runtime's spec.template)"
+		where = "its manifest"
+		if pods.jobSet == nil {
+			// A TrainJob's pods reach it only through its JobSet, which
+			// Trainer owns and would put back (seen in internal/trainlab).
+			where = "its manifest (if a Kubeflow TrainJob owns this JobSet, dump the JobSets too, kubectl get pods,jobs,jobsets -o json, for the TrainJob's own patch: Trainer puts a patched JobSet back)"
+		}
 	case j.JobKind == "TrainJob" && named(pods.replicas):
 		// Trainer v2.2.0 TrainJob spec.runtimePatches (trainjob_types.go
 		// RuntimePatch): a patch of the runtime's JobSet template. Its

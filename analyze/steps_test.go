@@ -209,6 +209,23 @@ func TestGangSteps(t *testing.T) {
 		}
 	}
 
+	// The TrainJob's pods dumped without their JobSet (kubectl get pods):
+	// they are the JobSet's job, whose patch Trainer would put back; the
+	// advice says to dump the JobSets for the TrainJob's own (issue 43,
+	// the real Trainer v2.2.0 in internal/trainlab).
+	var alone []map[string]any
+	for _, o := range trainJob("Succeeded", false) {
+		if k := o["kind"]; k != "JobSet" && k != "Job" {
+			alone = append(alone, o)
+		}
+	}
+	if fix := stepsFix(t, PodGroupsOff, "tj", alone...); !strings.Contains(fix, "JobSet ml/tj") || !strings.Contains(fix, "dump the JobSets too") {
+		t.Errorf("a TrainJob's pods without their JobSet: the advice does not say to dump the JobSets:\n%s", fix)
+	}
+	if fix := stepsFix(t, PodGroupsOff, "tj", trainJob("Succeeded", true)...); !strings.Contains(fix, "TrainJob ml/tj") || strings.Contains(fix, "dump the JobSets too") {
+		t.Errorf("a TrainJob with its JobSet in the dump: not the TrainJob's own advice:\n%s", fix)
+	}
+
 	// A JobSet whose workers start once its driver is Ready (dependsOn),
 	// or in order (startupPolicy InOrder); the JobSet is in the dump.
 	jobSet := func(spec map[string]any) []map[string]any {
