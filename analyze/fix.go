@@ -384,19 +384,15 @@ func lwsFix(j *Job, pods *jobPods, nodes map[string]nodeInfo, zones []string, ne
 	// their taints, or it is never scheduled and, held to one zone, LWS
 	// never creates its workers (seen with lws v0.8.0: the group stuck
 	// at its leader).
+	byType := zonesTolerations(pods, nodes, zones)
 	var tolerating bool
 	pin := func(replicaTypes []string) map[string]any {
 		spec := map[string]any{"affinity": affinity}
 		var tols []any
-		seen := map[string]bool{}
-		for _, z := range zones {
-			byType := gpuTolerations(pods, nodes, z)
-			for _, rt := range replicaTypes {
-				for _, t := range byType[rt] {
-					if k := fmt.Sprint(t); !seen[k] {
-						seen[k] = true
-						tols = append(tols, t)
-					}
+		for _, rt := range replicaTypes {
+			for _, t := range byType[rt] {
+				if !containsJSON(tols, t) {
+					tols = append(tols, t)
 				}
 			}
 		}
@@ -618,12 +614,17 @@ func kueueZone(pods *jobPods, nodes map[string]nodeInfo, rooms []zoneRoom) (zone
 
 // allZoneTolerations: gpuTolerations over every zone, merged.
 func allZoneTolerations(pods *jobPods, nodes map[string]nodeInfo, rooms []zoneRoom) map[string][]any {
-	tols := map[string][]any{}
 	var zones []string
 	for _, r := range rooms {
 		zones = append(zones, r.zone)
 	}
 	sort.Strings(zones)
+	return zonesTolerations(pods, nodes, zones)
+}
+
+// zonesTolerations: gpuTolerations over the zones, merged.
+func zonesTolerations(pods *jobPods, nodes map[string]nodeInfo, zones []string) map[string][]any {
+	tols := map[string][]any{}
 	for _, z := range zones {
 		for rt, ts := range gpuTolerations(pods, nodes, z) {
 			for _, t := range ts {

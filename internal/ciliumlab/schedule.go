@@ -61,48 +61,65 @@ func (l *Lab) SchedulePods(ctx context.Context, pods []*corev1.Pod, nodeLabels m
 	// bindings that happen before it opens are among its events.
 	left := len(pods)
 	last := map[types.UID]*corev1.Pod{}
-	for left > 0 {
-		w, err := l.Client.CoreV1().Pods("").Watch(ctx, metav1.ListOptions{ResourceVersion: from, AllowWatchBookmarks: true})
+	err := l.watchPods(ctx, "", metav1.ListOptions{ResourceVersion: from}, func(_ watch.EventType, pod *corev1.Pod) (bool, error) {
+		i, mine := byUID[pod.UID]
+		if !mine {
+			return false, nil
+		}
+		last[pod.UID] = pod
+		p := out[i]
+		if pod.Spec.NodeName == "" || p.Node != nil {
+			return false, nil
+		}
+		if err := l.runBound(ctx, p, pod, nodeLabels); err != nil {
+			return true, err
+		}
+		left--
+		return left == 0, nil
+	})
+	if err != nil && err == ctx.Err() {
+		return out, l.pendingError(out, last, ctx.Err())
+	}
+	return out, err
+}
+
+// watchPods watches the pods of namespace ("" for all) from
+// opts.ResourceVersion, re-opening the watch where it ends, and calls each
+// with every event but bookmarks until each says done or returns an
+// error, or ctx ends (its error is returned).
+func (l *Lab) watchPods(ctx context.Context, namespace string, opts metav1.ListOptions, each func(watch.EventType, *corev1.Pod) (done bool, err error)) error {
+	opts.AllowWatchBookmarks = true
+	for {
+		w, err := l.Client.CoreV1().Pods(namespace).Watch(ctx, opts)
 		if err != nil {
 			if ctx.Err() != nil {
-				return out, l.pendingError(out, last, ctx.Err())
+				return ctx.Err()
 			}
-			return out, fmt.Errorf("watching pods: %w", err)
+			return fmt.Errorf("watching pods: %w", err)
 		}
 		for ev := range w.ResultChan() {
 			if ev.Type == watch.Error {
 				w.Stop()
-				return out, fmt.Errorf("watching pods: %v", apierrors.FromObject(ev.Object))
+				return fmt.Errorf("watching pods: %v", apierrors.FromObject(ev.Object))
 			}
 			pod, ok := ev.Object.(*corev1.Pod)
 			if !ok {
 				continue
 			}
-			from = pod.ResourceVersion
-			i, mine := byUID[pod.UID]
-			if !mine || ev.Type == watch.Bookmark {
+			opts.ResourceVersion = pod.ResourceVersion
+			if ev.Type == watch.Bookmark {
 				continue
 			}
-			last[pod.UID] = pod
-			p := out[i]
-			if pod.Spec.NodeName == "" || p.Node != nil {
-				continue
-			}
-			if err := l.runBound(ctx, p, pod, nodeLabels); err != nil {
+			if done, err := each(ev.Type, pod); done || err != nil {
 				w.Stop()
-				return out, err
-			}
-			left--
-			if left == 0 {
-				break
+				return err
 			}
 		}
 		w.Stop()
-		if left > 0 && ctx.Err() != nil {
-			return out, l.pendingError(out, last, ctx.Err())
+		if ctx.Err() != nil {
+			return ctx.Err()
 		}
 	}
-	return out, nil
 }
 
 // specOf is the PodSpec of a pod object made by someone else.
@@ -293,40 +310,20 @@ func (l *Lab) RunPods(ctx context.Context, namespace, selector string, want int,
 			return result(), err
 		}
 	}
-	from := list.ResourceVersion
-	for wired < want {
-		w, err := l.Client.CoreV1().Pods(namespace).Watch(ctx, metav1.ListOptions{LabelSelector: selector, ResourceVersion: from, AllowWatchBookmarks: true})
-		if err != nil {
-			if ctx.Err() != nil {
-				return result(), pending(ctx.Err())
-			}
-			return result(), fmt.Errorf("watching pods of %s: %w", namespace, err)
-		}
-		for ev := range w.ResultChan() {
-			if ev.Type == watch.Error {
-				w.Stop()
-				return result(), fmt.Errorf("watching pods of %s: %v", namespace, apierrors.FromObject(ev.Object))
-			}
-			pod, ok := ev.Object.(*corev1.Pod)
-			if !ok {
-				continue
-			}
-			from = pod.ResourceVersion
-			if ev.Type == watch.Bookmark || ev.Type == watch.Deleted {
-				continue
-			}
-			if err := handle(pod); err != nil {
-				w.Stop()
-				return result(), err
-			}
-			if wired >= want {
-				break
-			}
-		}
-		w.Stop()
-		if wired < want && ctx.Err() != nil {
-			return result(), pending(ctx.Err())
-		}
+	if wired >= want {
+		return result(), nil
 	}
-	return result(), nil
+	err = l.watchPods(ctx, namespace, metav1.ListOptions{LabelSelector: selector, ResourceVersion: list.ResourceVersion}, func(ev watch.EventType, pod *corev1.Pod) (bool, error) {
+		if ev == watch.Deleted {
+			return false, nil
+		}
+		if err := handle(pod); err != nil {
+			return true, err
+		}
+		return wired >= want, nil
+	})
+	if err != nil && err == ctx.Err() {
+		return result(), pending(ctx.Err())
+	}
+	return result(), err
 }

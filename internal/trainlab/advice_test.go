@@ -10,7 +10,6 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -219,12 +218,7 @@ func runAdviceCells(t *testing.T, kinds []adviceKind) {
 	cellsStart := time.Now()
 	var wg sync.WaitGroup
 	for _, c := range cells {
-		wg.Go(func() {
-			c.result, c.err = c.run(ctx)
-			if err, _ := c.finishErr.Load().(error); err != nil && c.err == nil {
-				c.err = err
-			}
-		})
+		wg.Go(func() { c.result, c.err = c.run(ctx) })
 	}
 	wg.Wait()
 	for _, c := range cells {
@@ -263,7 +257,6 @@ type adviceCell struct {
 	ctrlLog      string // the kind's controller's log file
 	zoneOf       map[string]string
 	inZone       map[string]int // GPU nodes per zone letter
-	finishErr    atomic.Value   // an error of finishSteps
 }
 
 func (c *adviceCell) logf(format string, args ...any) {
@@ -299,7 +292,7 @@ func (c *adviceCell) addGPUNode(ctx context.Context, z string) error {
 // one-zone, waits-whole, split, half-placed, stuck (fewer pods than the
 // controller makes, stuckAfter on), or not-given (analyze gave no such
 // advice, and said why).
-func (c *adviceCell) run(ctx context.Context) (string, error) {
+func (c *adviceCell) run(ctx context.Context) (_ string, rerr error) {
 	ns := c.name()
 	c.zoneOf, c.inZone = map[string]string{}, map[string]int{}
 	roomy := 2
@@ -336,7 +329,11 @@ func (c *adviceCell) run(ctx context.Context) (string, error) {
 	}
 	if c.kind.finish != nil {
 		stop := c.finishSteps(ctx, ns)
-		defer stop()
+		defer func() {
+			if err := stop(); err != nil && rerr == nil {
+				rerr = err
+			}
+		}()
 	}
 	job := c.kind.manifest(ns, ns)
 	if err := c.create(ctx, job); err != nil {
@@ -524,10 +521,11 @@ func (c *adviceCell) live(ns string, p schedlab.Placement) schedlab.Placement {
 
 // finishSteps ends, as their kubelet would report it, the pods of the job
 // that finish before the rest are made (kind.finish), once each runs,
-// until stop is called.
-func (c *adviceCell) finishSteps(ctx context.Context, ns string) (stop func()) {
+// until stop is called; stop returns the first error.
+func (c *adviceCell) finishSteps(ctx context.Context, ns string) (stop func() error) {
 	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
+	var first error
 	wg.Go(func() {
 		done := map[types.UID]bool{}
 		for {
@@ -535,8 +533,8 @@ func (c *adviceCell) finishSteps(ctx context.Context, ns string) (stop func()) {
 			for _, p := range pods {
 				if p.Status.Phase == corev1.PodRunning && p.DeletionTimestamp == nil && !done[p.UID] && c.kind.finish(p) {
 					done[p.UID] = true
-					if err := c.bed.Kubelet.Exit(ctx, ns, p.Name, 0); err != nil && ctx.Err() == nil && !apierrors.IsNotFound(err) {
-						c.finishErr.Store(fmt.Errorf("ending %s: %w", p.Name, err))
+					if err := c.bed.Kubelet.Exit(ctx, ns, p.Name, 0); err != nil && ctx.Err() == nil && !apierrors.IsNotFound(err) && first == nil {
+						first = fmt.Errorf("ending %s: %w", p.Name, err)
 					}
 				}
 			}
@@ -547,7 +545,7 @@ func (c *adviceCell) finishSteps(ctx context.Context, ns string) (stop func()) {
 			}
 		}
 	})
-	return func() { cancel(); wg.Wait() }
+	return func() error { cancel(); wg.Wait(); return first }
 }
 
 // classify names where the job's pods are.

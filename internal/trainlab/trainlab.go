@@ -116,34 +116,26 @@ func Start(t testing.TB, opts ...Option) *Bed {
 	} else {
 		lab = schedlab.Start(t)
 	}
-	dyn, err := dynamic.NewForConfig(lab.API.Config)
-	if err != nil {
-		t.Fatal(err)
-	}
 	var gates []string
 	if o.gang {
 		gates = []string{"--feature-gates", schedlab.GangFeatureGates}
 	}
 	startKCM(t, lab.API, o.controllers, gates)
-	b := &Bed{Lab: lab, Dyn: dyn, CA: testenv.NewCA(t)}
+	b := On(t, lab)
 	b.Kubelet = startKubelet(t, lab.Client)
 	return b
 }
 
 // On makes a bed of a lab already running whose bound pods another
 // kubelet runs (`make demo`'s Cilium lab wires them with cilium-cni, its
-// real agents in the way): kube-controller-manager with the given
-// controllers (none: not started) against the lab's apiserver, no kubelet
+// real agents in the way): no kube-controller-manager, no kubelet
 // stand-in (Kubelet is nil). Start the training controllers on it as on
 // any bed.
-func On(t testing.TB, lab *schedlab.Lab, controllers ...string) *Bed {
+func On(t testing.TB, lab *schedlab.Lab) *Bed {
 	t.Helper()
 	dyn, err := dynamic.NewForConfig(lab.API.Config)
 	if err != nil {
 		t.Fatal(err)
-	}
-	if len(controllers) > 0 {
-		startKCM(t, lab.API, controllers, nil)
 	}
 	return &Bed{Lab: lab, Dyn: dyn, CA: testenv.NewCA(t)}
 }
