@@ -59,12 +59,14 @@ func TestAnalyze(t *testing.T) {
 				events:   ByLocality{Zone: 1, CrossZone: 3},
 				policies: []string{"ml-team/zone-fence"},
 				gpu:      ptr(0.005),
-				// Pinned to the zone with room for all of it (the dump's
-				// allocatable GPUs less what the other pods request), no
-				// self podAffinity for the CPU-only master to anchor.
+				// Kueue TAS, the master and its workers a podset group; the
+				// zone with room for all of it named (the dump's allocatable
+				// GPUs less what the other pods request), and no pin to it
+				// (it half-places the job when the zone fills first).
 				fix: []string{"pytorchReplicaSpecs:", "Master:", "Worker:", "us-east-1a has room for the whole job",
-					"operator: In", "- us-east-1a", "key: nvidia.com/gpu"},
-				noFix: []string{"podAffinity"},
+					"kueue.x-k8s.io/podset-required-topology: topology.kubernetes.io/zone", "kueue.x-k8s.io/podset-group-name: training",
+					"kueue.x-k8s.io/queue-name:", "No pin to us-east-1a is given", "key: nvidia.com/gpu"},
+				noFix: []string{"podAffinity", "nodeAffinity:"},
 			}},
 			flows: 7, exit: 1,
 		},
@@ -121,7 +123,7 @@ func TestAnalyze(t *testing.T) {
 				name: "hpc/pi", kind: "MPIJob", verdict: VerdictSplit,
 				zones:            map[string]RoleCount{"us-east-1a": {Worker: 2}, "us-east-1b": {Coordinator: 1}},
 				coordinatorZones: []string{"us-east-1b"}, policies: []string{},
-				fix: []string{"mpiReplicaSpecs:", "Launcher:", "Worker:", "key: topology.kubernetes.io/zone",
+				fix: []string{"mpiReplicaSpecs:", "Launcher:", "Worker:", "podset-required-topology: topology.kubernetes.io/zone",
 					"effect: NoSchedule\n            key: nvidia.com/gpu\n            operator: Exists"},
 			}},
 			exit: 1,

@@ -22,7 +22,7 @@ func AddCommand(app *kingpin.Application, jobRules *[]string, stdout, stderr io.
 	flows := cmd.Flag("flows", "hubble observe -o jsonpb (or -o json) output; repeatable, e.g. one file per node.").PlaceHolder("FILE").Strings()
 	policies := cmd.Flag("policies", "kubectl get cnp,ccnp -A -o json, kubectl get networkpolicies -A -o json, or one file with all kinds (or -o yaml): names the fence behind default-deny drops, which Cilium names no policy of (from the flows' identity labels).").PlaceHolder("FILE").String()
 	gpuPage := cmd.Flag("gpu", "A dcgm-exporter /metrics page (with its pod labels) for GPU utilization per job.").PlaceHolder("FILE").String()
-	podGroups := cmd.Flag("podgroups", "Advise kube-scheduler's native gang + topology scheduling (scheduling.k8s.io/v1beta1 PodGroups; Kubernetes 1.37 with GenericWorkload and TopologyAwareWorkloadScheduling on): on, off, or auto (when the pods dump holds such a PodGroup: kubectl get pods,podgroups.scheduling.k8s.io -A).").Default("auto").Enum("auto", "on", "off")
+	podGroups := cmd.Flag("podgroups", "Advise kube-scheduler's native gang + topology scheduling (scheduling.k8s.io/v1beta1 PodGroups; Kubernetes 1.37 with GenericWorkload and TopologyAwareWorkloadScheduling on): on, off (Kueue TAS instead), or auto (on when the pods dump holds such a PodGroup: kubectl get pods,podgroups.scheduling.k8s.io -A).").Default("auto").Enum("auto", "on", "off")
 	output := cmd.Flag("output", "Output format: text or json.").Short('o').Default("text").Enum("text", "json")
 	// Positional files join --flows, so that `--flows node-*.jsonl` works.
 	moreFlows := cmd.Arg("flow-files", "More hubble observe output files.").Strings()

@@ -55,7 +55,7 @@ func TestCommandExitCodes(t *testing.T) {
 		{"no --pods", []string{nodes}, 2, nil, []string{"--pods"}},
 		{"bad --output", []string{nodes, "--pods", td("mpijob", "pods.json"), "--output", "xml"}, 2, nil, []string{"xml"}},
 		{"custom job rule", []string{nodes, "--pods", td("mpijob", "pods.json"), "--kube.job-rule", "name=training.kubeflow.org/job-name,kind=HPCJob"}, 1,
-			[]string{"SPLIT  hpc/pi (HPCJob)", "every pod template", "key: topology.kubernetes.io/zone"}, nil},
+			[]string{"SPLIT  hpc/pi (HPCJob)", "every pod template", "podset-required-topology: topology.kubernetes.io/zone"}, nil},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

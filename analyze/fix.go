@@ -57,24 +57,25 @@ const (
 	KueuePreferredTopologyAnnotation = "kueue.x-k8s.io/podset-preferred-topology"
 	// KueueQueueLabel queues a job to a LocalQueue.
 	KueueQueueLabel = "kueue.x-k8s.io/queue-name"
-	// LWSExclusiveAnnotation keeps each LeaderWorkerSet group in one
-	// domain, one group per domain (sigs.k8s.io/lws api/leaderworkerset/v1
-	// ExclusiveKeyAnnotationKey).
-	LWSExclusiveAnnotation = "leaderworkerset.sigs.k8s.io/exclusive-topology"
 	// TrainJobPatchManager names zonewatch's entry of a TrainJob's
 	// spec.runtimePatches.
 	TrainJobPatchManager = "zonewatch.io/analyze"
 )
 
-// suggestedFix is a pod-template patch, in the job's own kind, that keeps
-// every pod of the job in one zone that has room for all of it now: a
-// required nodeAffinity to that zone on every template, plus tolerations
-// of its GPU nodes' taints for the templates whose pods have no GPUs. No
-// pod picks the zone (a required self podAffinity lets the first pod, often
-// a CPU-only coordinator, go anywhere, and the rest then cannot follow:
-// seen on the real scheduler, internal/schedlab). When no zone can hold the
-// job it says so and gives gang admission (Kueue TAS) instead, which waits
-// for room rather than starting split.
+// suggestedFix is the advice that keeps every pod of a split job in one
+// zone and holds whether or not the zone it would pick still has room
+// when the job is re-created: gang admission, which starts every pod of
+// the job in one zone or none. By default that is Kueue TAS (a required
+// zone topology on every template, the job queued; Kueue creates no pod
+// before it admits the job whole into one zone with room); with podGroups
+// it is kube-scheduler 1.37's native gang + topology PodGroup; a
+// VolcanoJob is a gang under Volcano's own scheduler already, and is
+// pinned. A pin alone (a required nodeAffinity to the zone with room now,
+// or a LeaderWorkerSet's exclusive topology) is not given: it holds no pod
+// back, so when the zone fills before the job is re-created some pods run
+// and the rest wait Pending (half-placed: seen on every training
+// controller in internal/trainlab's TestAdviceCells), and the advice says
+// so.
 func suggestedFix(j *Job, pods *jobPods, nodes map[string]nodeInfo, used map[string]corev1.ResourceList, podGroups bool) (fix string) {
 	if pods == nil {
 		pods = &jobPods{replicas: map[string]bool{}}
@@ -90,18 +91,17 @@ func suggestedFix(j *Job, pods *jobPods, nodes map[string]nodeInfo, used map[str
 	if pods.kueuePreferred {
 		return kueuePreferredFix(j, pods, nodes, need, rooms)
 	}
-	if j.JobKind == "LeaderWorkerSet" && pods.set != "" {
-		fix := lwsFix(j, pods, nodes, zones, need, rooms)
-		if podGroups {
-			fix = "# No gang advice: " + lwsNoGang + ".\n" + fix
-		}
-		return fix
-	}
 	if j.JobKind == "VolcanoJob" {
-		defer func() { fix += volcanoAdvice(len(pods.demand)) }()
+		if len(zones) == 0 {
+			return noRoomFix(j, pods, nodes, need, rooms)
+		}
+		return volcanoFix(j, pods, nodes, zones[0], need, rooms)
 	}
-	if podGroups && j.JobKind != "VolcanoJob" {
+	if podGroups {
 		g := planGang(j.JobKind, pods)
+		if j.JobKind == "LeaderWorkerSet" && pods.set != "" {
+			g = gangPlan{none: true, why: []string{lwsNoGang}}
+		}
 		if !g.none {
 			gp := g.gangPods(pods)
 			return gangFix(j, gp, nodes, roomByZone(gp.demand, nodes, used), needOf(gp), g)
@@ -115,39 +115,89 @@ func suggestedFix(j *Job, pods *jobPods, nodes map[string]nodeInfo, used map[str
 	if len(zones) == 0 {
 		return noRoomFix(j, pods, nodes, need, rooms)
 	}
-	zone := zones[0] // most free GPUs
-	tols := gpuTolerations(pods, nodes, zone)
-	pin := map[string]any{"nodeAffinity": map[string]any{"requiredDuringSchedulingIgnoredDuringExecution": map[string]any{
+	return roomFix(j, pods, nodes, zones[0], need, rooms)
+}
+
+// pinAffinity is a required nodeAffinity to zone.
+func pinAffinity(zone string) map[string]any {
+	return map[string]any{"nodeAffinity": map[string]any{"requiredDuringSchedulingIgnoredDuringExecution": map[string]any{
 		"nodeSelectorTerms": []any{map[string]any{"matchExpressions": []any{map[string]any{
 			"key": kube.LabelZone, "operator": "In", "values": []any{zone}}}}}}}}
-	where, spec := patchTemplates(j, pods, func(replicaTypes ...string) map[string]any {
-		s := map[string]any{"affinity": pin}
-		if t := tols[replicaTypes[0]]; len(t) > 0 {
-			s["tolerations"] = t
-		}
-		for _, rt := range replicaTypes[1:] {
-			if t := tols[rt]; len(t) > 0 && s["tolerations"] == nil {
-				s["tolerations"] = t
-			}
-		}
-		return map[string]any{"spec": s}
+}
+
+// noPin says why a zone with room now gets no pin.
+func noPin(zone string) string {
+	return fmt.Sprintf("# No pin to %s is given: a required nodeAffinity holds no pod back, so if %s fills before the job is re-created some pods run\n"+
+		"# and the rest wait Pending (half-placed; seen on every training controller, docs/runbooks.md \"Every advice side by side\").\n", zone, zone)
+}
+
+// roomFix: a zone has room for the job now (zone, the one with the most
+// free GPUs). Kueue TAS admits the job whole into a zone with room, that
+// one while it still has room, and creates no pod before.
+func roomFix(j *Job, pods *jobPods, nodes map[string]nodeInfo, zone, need string, rooms []zoneRoom) string {
+	where, spec, note := kueueTemplates(j, pods, nodes, rooms, KueueTopologyAnnotation)
+	body, err := yaml.Marshal(map[string]any{
+		"metadata": map[string]any{"labels": map[string]any{KueueQueueLabel: "<LocalQueue of a TAS ResourceFlavor>"}},
+		"spec":     spec,
 	})
-	body, err := yaml.Marshal(map[string]any{"spec": spec})
 	if err != nil {
 		return "" // maps of strings always marshal
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "# Keep every pod of %s %s/%s in one zone: add this to %s and re-create the job (running pods do not move).\n",
-		j.JobKind, j.Namespace, j.JobName, where)
+	if j.JobKind == "LeaderWorkerSet" && pods.set != "" {
+		fmt.Fprintf(&b, "# Keep each group of LeaderWorkerSet %s/%s in one zone (group %s is split): Kueue topology-aware scheduling admits each group\n",
+			j.Namespace, pods.set, j.JobName)
+		b.WriteString("# whole into one zone with room, or it waits (groups are replicas of one service and may run in different zones).\n")
+		where = "the LeaderWorkerSet"
+	} else {
+		fmt.Fprintf(&b, "# Keep every pod of %s %s/%s in one zone: Kueue topology-aware scheduling admits the job whole into one zone with room, or it waits.\n",
+			j.JobKind, j.Namespace, j.JobName)
+	}
+	fmt.Fprintf(&b, "# Add this to %s, queue it to a LocalQueue of a TAS ResourceFlavor and re-create it (running pods do not move; docs/runbooks.md, Kueue TAS).\n", where)
 	b.WriteString(recreateNote(j.JobKind))
-	fmt.Fprintf(&b, "# %s has room for the whole job now (%s; free GPUs by zone: %s): every pod is pinned there, none picks a zone that cannot hold the rest.\n",
+	fmt.Fprintf(&b, "# %s has room for the whole job now (%s; free GPUs by zone: %s); if it fills first, the job waits whole for room instead of starting split.\n",
 		zone, need, roomSummary(rooms))
+	b.WriteString(noPin(zone))
+	b.WriteString("# On Kubernetes 1.37 with GenericWorkload and TopologyAwareWorkloadScheduling on, analyze --podgroups=on gives the native gang instead.\n")
+	b.WriteString("# Pods without GPUs tolerate the GPU nodes' taints so that they fit the GPU zone's flavor with their workers.\n")
+	b.WriteString(note)
+	b.Write(body)
+	return b.String()
+}
+
+// volcanoFix: a VolcanoJob is a gang under Volcano's own scheduler
+// (minAvailable pods start together or none does), so a pin to the zone
+// with room holds it whole there, or it waits whole: minAvailable is set
+// to every pod, and the templates are pinned.
+func volcanoFix(j *Job, pods *jobPods, nodes map[string]nodeInfo, zone, need string, rooms []zoneRoom) string {
+	tols := gpuTolerations(pods, nodes, zone)
+	where, spec := patchTemplates(j, pods, func(replicaTypes ...string) map[string]any {
+		s := map[string]any{"affinity": pinAffinity(zone)}
+		for _, rt := range replicaTypes {
+			if t := tols[rt]; len(t) > 0 {
+				s["tolerations"] = t
+				break
+			}
+		}
+		return map[string]any{"spec": s}
+	})
+	spec["minAvailable"] = len(pods.demand)
+	body, err := yaml.Marshal(map[string]any{"spec": spec})
+	if err != nil {
+		return ""
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "# Keep every pod of VolcanoJob %s/%s in one zone: add this to %s and re-create the job (running pods do not move).\n",
+		j.Namespace, j.JobName, where)
+	fmt.Fprintf(&b, "# %s has room for the whole job now (%s; free GPUs by zone: %s): every pod is pinned there, and Volcano's scheduler starts\n",
+		zone, need, roomSummary(rooms))
+	fmt.Fprintf(&b, "# minAvailable pods (all %d) together or none, so if %s fills first the job waits whole (UNTESTED: Volcano cannot be built here, see below).\n",
+		len(pods.demand), zone)
 	if len(tols) > 0 {
 		fmt.Fprintf(&b, "# Pods without GPUs tolerate the taints of the GPU nodes in %s, so they can run next to the workers.\n", zone)
 	}
-	fmt.Fprintf(&b, "# If %s fills before the job is re-created some pods run and the rest wait Pending (half-placed: a pin holds no pod back); gang admission waits whole for a zone with room instead\n# (Kubernetes 1.37's gang + topology scheduling: analyze --podgroups=on; or Kueue TAS, %s).\n",
-		zone, KueueTopologyAnnotation)
 	b.Write(body)
+	b.WriteString(volcanoAdvice(len(pods.demand)))
 	return b.String()
 }
 
@@ -352,76 +402,13 @@ func workerTypes(pods *jobPods) []string {
 	return append(out, "")
 }
 
-// lwsNoGang says why a LeaderWorkerSet gets LWS's own exclusive topology
-// and not a PodGroup: one pod-group label on its templates would join
-// every group to one PodGroup, and with the exclusive topology LWS v0.8.0
-// creates a group's workers only once its leader is scheduled
-// (pkg/controllers/pod_controller.go), so a gang of the group would wait
-// for ever for workers that are never created.
-const lwsNoGang = "a LeaderWorkerSet's groups are replicas, and one pod-group label on its templates would join them all to one PodGroup; " +
-	"held to one zone, LWS creates a group's workers only once its leader is scheduled (lws v0.8.0), so a gang of leader and workers would wait for ever. " +
-	"LWS's own exclusive topology below keeps each group in one zone"
-
-// lwsFix: a LeaderWorkerSet's groups are independent replicas, and
-// spreading them across zones is healthy; what must stay in one zone is
-// each group. LWS does that itself with its exclusive-topology annotation
-// (sigs.k8s.io/lws v0.10.0 pkg/webhooks/pod_webhook.go gives each group's
-// pods a required affinity to their group-key and anti-affinity to other
-// groups in the domain). The leader picks the zone, so the templates are
-// also held to the zones with room for a whole group.
-func lwsFix(j *Job, pods *jobPods, nodes map[string]nodeInfo, zones []string, need string, rooms []zoneRoom) string {
-	if len(zones) == 0 {
-		return noRoomFix(j, pods, nodes, need, rooms)
-	}
-	vals := make([]any, len(zones))
-	for i, z := range zones {
-		vals[i] = z
-	}
-	affinity := map[string]any{"nodeAffinity": map[string]any{
-		"requiredDuringSchedulingIgnoredDuringExecution": map[string]any{"nodeSelectorTerms": []any{map[string]any{
-			"matchExpressions": []any{map[string]any{"key": kube.LabelZone, "operator": "In", "values": vals}}}}}}}
-	// A CPU-only leader held to zones of GPU nodes only must tolerate
-	// their taints, or it is never scheduled and, held to one zone, LWS
-	// never creates its workers (seen with lws v0.8.0: the group stuck
-	// at its leader).
-	byType := zonesTolerations(pods, nodes, zones)
-	var tolerating bool
-	pin := func(replicaTypes []string) map[string]any {
-		spec := map[string]any{"affinity": affinity}
-		var tols []any
-		for _, rt := range replicaTypes {
-			for _, t := range byType[rt] {
-				if !containsJSON(tols, t) {
-					tols = append(tols, t)
-				}
-			}
-		}
-		if len(tols) > 0 {
-			spec["tolerations"], tolerating = tols, true
-		}
-		return map[string]any{"spec": spec}
-	}
-	body, err := yaml.Marshal(map[string]any{
-		"metadata": map[string]any{"annotations": map[string]any{LWSExclusiveAnnotation: kube.LabelZone}},
-		"spec": map[string]any{"leaderWorkerTemplate": map[string]any{
-			"leaderTemplate": pin(leaderTypes(pods)), "workerTemplate": pin(workerTypes(pods))}},
-	})
-	if err != nil {
-		return ""
-	}
-	var b strings.Builder
-	fmt.Fprintf(&b, "# Keep each group of LeaderWorkerSet %s/%s in one zone (group %s is split): add this to the LeaderWorkerSet and re-create it (running pods do not move).\n",
-		j.Namespace, pods.set, j.JobName)
-	b.WriteString("# Groups are replicas of one service and may run in different zones; the annotation keeps every group's pods together, one group per zone (more groups than zones leave some pending).\n")
-	fmt.Fprintf(&b, "# The leader picks its group's zone: only %s can hold a whole group now (%s; free GPUs by zone: %s).\n",
-		strings.Join(zones, ", "), need, roomSummary(rooms))
-	if tolerating {
-		b.WriteString("# Pods without GPUs tolerate the taints of those zones' GPU nodes, so a leader can run next to its workers.\n")
-	}
-	b.WriteString("# If a zone fills before the group's workers are placed, some of them wait Pending (LWS places the leader first); where capacity moves, Kueue TAS waits for a zone with room instead.\n")
-	b.Write(body)
-	return b.String()
-}
+// lwsNoGang says why a LeaderWorkerSet gets no PodGroup: its templates
+// are every group's, so one pod-group label on them would join every
+// group, each a replica of its own, to one PodGroup (lws v0.8.0 has no
+// per-group pod-group name). Kueue's LeaderWorkerSet integration admits
+// each group as a workload of its own.
+const lwsNoGang = "a LeaderWorkerSet's groups are replicas, and one pod-group label on its templates would join them all to one PodGroup (lws v0.8.0); " +
+	"Kueue TAS below admits each group whole into one zone"
 
 // gpuTolerations returns, per raw replica type whose pods have no GPUs,
 // tolerations for the NoSchedule/NoExecute taints of the GPU nodes in zone
@@ -525,9 +512,7 @@ func kueueTemplates(j *Job, pods *jobPods, nodes map[string]nodeInfo, rooms []zo
 	if templates > 1 && !group {
 		zone, ever := kueueZone(pods, nodes, rooms)
 		if zone != "" {
-			pin = map[string]any{"nodeAffinity": map[string]any{"requiredDuringSchedulingIgnoredDuringExecution": map[string]any{
-				"nodeSelectorTerms": []any{map[string]any{"matchExpressions": []any{map[string]any{
-					"key": kube.LabelZone, "operator": "In", "values": []any{zone}}}}}}}}
+			pin = pinAffinity(zone)
 			note = fmt.Sprintf("# Kueue keeps only two pod sets together (a podset group: one of them a single pod); this job has %d pod sets of which Kueue would pick a zone each,\n", templates)
 			if ever {
 				note += fmt.Sprintf("# so every template is also held to %s, the zone that can hold the whole job when its room is free: Kueue admits the job when %s has room.\n", zone, zone)
@@ -587,7 +572,8 @@ func podsOf(pods *jobPods, replicaTypes []string) int {
 	return n
 }
 
-// kueueZone is the zone every pod set of a job is held to for Kueue: of
+// kueueZone is the zone every pod set of a job is held to for Kueue: the
+// zone with room for the whole job now with the most free GPUs; else, of
 // the zones whose nodes could hold the whole job when the other pods'
 // room is free, the one with the most free GPUs now (ever: there is one);
 // else the zone with the most free GPUs.
@@ -600,6 +586,11 @@ func kueueZone(pods *jobPods, nodes map[string]nodeInfo, rooms []zoneRoom) (zone
 	empty := map[string]bool{}
 	for _, r := range roomByZone(unbound, nodes, nil) {
 		empty[r.zone] = r.fits
+	}
+	for _, r := range rooms {
+		if r.fits {
+			return r.zone, true // room now
+		}
 	}
 	for _, r := range rooms {
 		if empty[r.zone] {

@@ -67,8 +67,8 @@ func TestGangAdvice(t *testing.T) {
 		if got := strings.Contains(f, "kind: PodGroup"); got != c.gang {
 			t.Errorf("%s with --podgroups=%s: gang advice %v, want %v:\n%s", filepath.Base(c.pods), c.mode, got, c.gang, f)
 		}
-		if c.gang == strings.Contains(f, "nodeAffinity") {
-			t.Errorf("%s with --podgroups=%s: a pin in the gang advice or none in the pin:\n%s", filepath.Base(c.pods), c.mode, f)
+		if c.gang == strings.Contains(f, KueueTopologyAnnotation) {
+			t.Errorf("%s with --podgroups=%s: Kueue in the gang advice or no Kueue without it:\n%s", filepath.Base(c.pods), c.mode, f)
 		}
 	}
 	docs := strings.Split(fix(plain, PodGroupsOn), "\n---\n")

@@ -26,7 +26,10 @@ import (
 var capacities = []string{"room", "no zone fits", "zone fills"}
 
 // Advice conditions of the gang test, in the order each cell runs them.
-var gangConditions = []string{"pin (analyze fix)", "native gang + topology", "admission policy (preferences)"}
+// The pin is docs/runbooks.md's manual recipe (analyze gave it until issue
+// 43), held to the roomy zone: beside the gang, it shows why analyze no
+// longer gives it.
+var gangConditions = []string{"pin (runbook)", "native gang + topology", "admission policy (preferences)"}
 
 // joinLabel opts a namespace into the PodGroup policy.
 const joinLabel = "zonewatch.io/join-pod-groups"
@@ -63,17 +66,21 @@ func classify(p schedlab.Placement, zoneOf map[string]string) gangOutcome {
 
 // TestGangOnRealScheduler runs every controller shape x creation order x
 // capacity case on the real kube-scheduler v1.37.2 with gang and topology
-// scheduling on, with three pieces of advice side by side: analyze's
-// nodeAffinity pin (computed from the dump of the unfixed run), analyze's
+// scheduling on, with three pieces of advice side by side: the runbook's
+// nodeAffinity pin to the roomy zone (analyze's advice until issue 43),
+// analyze's
 // native gang + topology advice (a PodGroup and the templates joined to it,
 // as printed with --podgroups=on; the PodGroup policy joins the pods of
 // controllers whose templates cannot carry spec.schedulingGroup), and the
 // chart's preference admission policy. The gang advice must leave every job
 // whole in one zone or waiting whole, never half-placed (LeaderWorkerSet
-// and Volcano Job get their own advice, not a PodGroup: reported apart);
+// and Volcano Job get no PodGroup: Kueue's advice, which needs Kueue and
+// runs in internal/trainlab, and the Volcano pin, which needs Volcano's
+// gang; reported apart);
 // a job that waits whole is placed whole once room appears.
 func TestGangOnRealScheduler(t *testing.T) {
 	t.Parallel() // its own apiserver (scheduler, Kueue where used); mostly waits (docs/development.md)
+	snippets := runbookSnippets(t)
 	lab := schedlab.StartGang(t)
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), 12*time.Minute)
@@ -96,7 +103,7 @@ func TestGangOnRealScheduler(t *testing.T) {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
-					got, msg, err := runGangCell(ctx, lab, name, shape, order, capacity, roomyFirst)
+					got, msg, err := runGangCell(ctx, lab, name, shape, order, capacity, roomyFirst, snippets)
 					if err != nil {
 						t.Errorf("%s %s %s (%s): %v", shape.Name, order, capacity, name, err)
 					}
@@ -142,7 +149,7 @@ func TestGangOnRealScheduler(t *testing.T) {
 					if c == "native gang + topology" && o != oneZone && o != waitsWhole {
 						t.Errorf("%s %s %s with the gang advice: %s; want one zone or waiting whole", shape.Name, order, capacity, o)
 					}
-					if c == "pin (analyze fix)" && capacity == "room" && o != oneZone {
+					if c == "pin (runbook)" && capacity == "room" && o != oneZone {
 						t.Errorf("%s %s with room and the pin: %s; want one zone", shape.Name, order, o)
 					}
 				}
@@ -154,14 +161,14 @@ func TestGangOnRealScheduler(t *testing.T) {
 	for _, c := range gangConditions {
 		fmt.Fprintf(&b, " %s |", summary(totals[c]))
 	}
-	fmt.Fprintf(&b, "\n\nLeaderWorkerSet and Volcano Job (their own advice in the gang column: exclusive topology + zones; pin + Volcano networkTopology): %s\n", summary(apart))
+	fmt.Fprintf(&b, "\n\nLeaderWorkerSet and Volcano Job (no PodGroup: the gang column places their advice without Kueue, which LeaderWorkerSet's needs, or Volcano's gang, which the Volcano pin's needs): %s\n", summary(apart))
 	fmt.Fprintf(&b, "%d cells, %s; a gang waiting for a zone: %q\n", cell, time.Since(start).Round(time.Second), messages)
 	t.Log("\n" + b.String())
 }
 
 // runGangCell runs the unfixed job (for the dump), then each advice, on
 // the cell's own nodes.
-func runGangCell(ctx context.Context, lab *schedlab.Lab, cell string, shape *schedlab.Shape, order, capacity string, roomyFirst bool) (map[string]gangOutcome, string, error) {
+func runGangCell(ctx context.Context, lab *schedlab.Lab, cell string, shape *schedlab.Shape, order, capacity string, roomyFirst bool, snippets map[string]string) (map[string]gangOutcome, string, error) {
 	roomyNodes := 2
 	if capacity == "no zone fits" {
 		roomyNodes = 1
@@ -178,7 +185,7 @@ func runGangCell(ctx context.Context, lab *schedlab.Lab, cell string, shape *sch
 	out := map[string]gangOutcome{}
 	var msg string
 
-	// The unfixed job, for the dump both pieces of advice are computed from.
+	// The unfixed job, for the dump the gang advice is computed from.
 	ns := cell + "-none"
 	if err := lab.EnsureNamespace(ctx, ns, nil); err != nil {
 		return out, "", err
@@ -188,16 +195,12 @@ func runGangCell(ctx context.Context, lab *schedlab.Lab, cell string, shape *sch
 	if _, err := place(ctx, lab, j, cell, "interleaved"); err != nil {
 		return out, "", fmt.Errorf("unfixed: %w", err)
 	}
-	pin, err := analyzeFix(ctx, lab, cell, ns, j, PodGroupsOff)
-	if err != nil {
-		return out, "", err
-	}
 	gang, err := analyzeFix(ctx, lab, cell, ns, j, PodGroupsOn)
 	if err != nil {
 		return out, "", err
 	}
 	if os.Getenv("ZONEWATCH_SCHEDLAB_DEBUG") != "" {
-		fmt.Fprintf(os.Stderr, "%s %s %s %s pin:\n%s\ngang:\n%s\n", cell, shape.Name, order, capacity, pin, gang)
+		fmt.Fprintf(os.Stderr, "%s %s %s %s gang:\n%s\n", cell, shape.Name, order, capacity, gang)
 	}
 	if err := lab.DeletePods(ctx, ns); err != nil {
 		return out, "", err
@@ -220,18 +223,8 @@ func runGangCell(ctx context.Context, lab *schedlab.Lab, cell string, shape *sch
 		j.Namespace = ns
 		var pg *schedulingv1beta1.PodGroup
 		switch cond {
-		case "pin (analyze fix)":
-			if strings.HasPrefix(pin, "# No zone") {
-				if capacity != "no zone fits" {
-					return out, msg, fmt.Errorf("analyze says no zone can hold the job:\n%s", pin)
-				}
-				// No pin is advised (Kueue is): the job as it was.
-				out[cond] = "no pin advised: " + classifyNamed(ctx, lab, j, cell, order, zoneOf)
-				continue
-			}
-			if err := mergeFix(j, pin); err != nil {
-				return out, msg, err
-			}
+		case "pin (runbook)":
+			runbookPin(j, snippets, b.roomy)
 		case "native gang + topology":
 			docs := strings.Split(gang, "\n---\n")
 			if len(docs) == 2 {
@@ -293,19 +286,6 @@ func runGangCell(ctx context.Context, lab *schedlab.Lab, cell string, shape *sch
 		time.Sleep(settleGap)
 	}
 	return out, msg, nil
-}
-
-// classifyNamed places the job unchanged and names the outcome.
-func classifyNamed(ctx context.Context, lab *schedlab.Lab, j *schedlab.Job, cell, order string, zoneOf map[string]string) gangOutcome {
-	p, err := place(ctx, lab, j, cell, order)
-	if err != nil {
-		return gangOutcome("error: " + err.Error())
-	}
-	o := classify(p, zoneOf)
-	if err := lab.DeletePods(ctx, j.Namespace); err != nil {
-		return gangOutcome("error: " + err.Error())
-	}
-	return o
 }
 
 func mergeFix(j *schedlab.Job, fix string) error {

@@ -55,16 +55,18 @@ func TestIdentityShapes(t *testing.T) {
 	a, b, c := "us-east-1a", "us-east-1b", "us-east-1c"
 	wants := map[string]want{
 		// Point 1: each LWS group is a job; groups in different zones are
-		// healthy; the split group's fix is LWS's exclusive-topology.
+		// healthy; the split group's fix is Kueue's, which admits each
+		// group whole (LWS's exclusive topology half-places a group when
+		// the zone fills first: not given).
 		"serve/vllm-0": {kind: "LeaderWorkerSet", verdict: VerdictHealthy, zones: map[string]RoleCount{a: {Coordinator: 1, Worker: 2}}},
 		"serve/vllm-1": {kind: "LeaderWorkerSet", verdict: VerdictHealthy, zones: map[string]RoleCount{b: {Coordinator: 1, Worker: 2}}},
 		"serve/vllm-2": {kind: "LeaderWorkerSet", verdict: VerdictSplit, zones: map[string]RoleCount{a: {Worker: 1}, c: {Coordinator: 1, Worker: 1}},
-			fix:   []string{"LeaderWorkerSet serve/vllm", "leaderworkerset.sigs.k8s.io/exclusive-topology: topology.kubernetes.io/zone"},
-			noFix: []string{"podAffinity", "leaderworkerset.sigs.k8s.io/name"}},
+			fix:   []string{"LeaderWorkerSet serve/vllm", "leaderTemplate:", "workerTemplate:", "podset-required-topology: topology.kubernetes.io/zone"},
+			noFix: []string{"podAffinity", "leaderworkerset.sigs.k8s.io/name", "exclusive-topology"}},
 		// Points 3 and 9: the launcher coordinates, node 0-0 does not; the
 		// kind is the TrainJob, the fix a TrainJob runtime patch.
 		"ml/ds": {kind: "TrainJob", verdict: VerdictSplit, zones: map[string]RoleCount{a: {Worker: 2}, b: {Coordinator: 1}},
-			fix: []string{"runtimePatches:", "manager: zonewatch.io/analyze", "- name: launcher", "- name: node", "key: topology.kubernetes.io/zone"}},
+			fix: []string{"runtimePatches:", "manager: zonewatch.io/analyze", "- name: launcher", "- name: node", "podset-required-topology: topology.kubernetes.io/zone"}},
 		// Point 2: the coordinator label names pt-workers-0-1 in zone b.
 		"ml/pt": {kind: "JobSet", verdict: VerdictSplit, zones: map[string]RoleCount{a: {Worker: 2}, b: {Coordinator: 1}}},
 		// Point 6: the terminating pod in zone b is not placed.
@@ -74,7 +76,7 @@ func TestIdentityShapes(t *testing.T) {
 			fix: []string{"paddleReplicaSpecs:", "Worker:"}},
 		// Point 5: mpimaster coordinates.
 		"ml/lm-mpi-job": {kind: "VolcanoJob", verdict: VerdictSplit, zones: map[string]RoleCount{a: {Coordinator: 1}, b: {Worker: 2}},
-			fix: []string{"- name: mpimaster", "- name: mpiworker"}},
+			fix: []string{"- name: mpimaster", "- name: mpiworker", "minAvailable: 3", "operator: In"}},
 		// Points 7 and 10: only the Indexed Job of two pods; its index is an
 		// annotation.
 		"etl/etl": {kind: "Job", verdict: VerdictHealthy, zones: map[string]RoleCount{a: {Coordinator: 1, Worker: 1}}},

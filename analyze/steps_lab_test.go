@@ -130,33 +130,28 @@ func runStepsCell(ctx context.Context, lab *schedlab.Lab, cell string, shape *sc
 	}
 	j = job.Copy()
 	j.Namespace = ns
-	advice := "pin"
+	var advice string
 	var pg *schedulingv1beta1.PodGroup
 	switch docs := strings.Split(fix, "\n---\n"); {
 	case len(docs) == 2:
-		advice = "gang"
 		pg = &schedulingv1beta1.PodGroup{}
 		if err := yaml.Unmarshal([]byte(docs[0]), pg); err != nil {
-			return advice, fmt.Errorf("the PodGroup of the advice: %v\n%s", err, fix)
+			return "gang", fmt.Errorf("the PodGroup of the advice: %v\n%s", err, fix)
 		}
 		pg.Namespace = ns
 		if err := mergeFix(j, docs[1]); err != nil {
-			return advice, err
+			return "gang", err
 		}
 		if err := lab.CreatePodGroup(ctx, pg); err != nil {
-			return advice, err
+			return "gang", err
 		}
 		advice = fmt.Sprintf("gang, minCount %d", pg.Spec.SchedulingPolicy.Gang.MinCount)
-	case strings.Contains(fix, KueueQueueLabel):
-		// Kueue's advice: TestKueueTAS runs it on the real Kueue.
+	case strings.HasPrefix(fix, "# No gang advice: ") && strings.Contains(fix, KueueQueueLabel):
+		// Kueue's advice: TestKueueTAS and internal/trainlab run it on
+		// the real Kueue.
 		return "no gang, Kueue: not run here (TestKueueTAS)", nil
 	default:
-		if strings.HasPrefix(fix, "# No gang advice: ") {
-			advice = "no gang, pin"
-		}
-		if err := mergeFix(j, fix); err != nil {
-			return advice, err
-		}
+		return "", fmt.Errorf("the advice is neither a gang nor, after the reason why not, Kueue's:\n%s", fix)
 	}
 	got, err := runSteps(ctx, lab, cell, shape, j, capacity, &b)
 	if err != nil {

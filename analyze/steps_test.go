@@ -256,7 +256,7 @@ func TestGangSteps(t *testing.T) {
 		}
 	}
 	// The workers (GPUs) after the driver: a group's zone would be the
-	// driver's choice alone; no gang, the pin, and why.
+	// driver's choice alone; no gang, Kueue's advice, and why.
 	for name, spec := range map[string]map[string]any{
 		"dependsOn Ready": {"replicatedJobs": []any{map[string]any{"name": "driver"},
 			map[string]any{"name": "workers", "dependsOn": []any{map[string]any{"name": "driver", "status": "Ready"}}}}},
@@ -264,9 +264,9 @@ func TestGangSteps(t *testing.T) {
 			"replicatedJobs": []any{map[string]any{"name": "driver"}, map[string]any{"name": "workers"}}},
 	} {
 		fix := stepsFix(t, PodGroupsOn, "js", jobSet(spec)...)
-		if strings.Contains(fix, "kind: PodGroup") || !strings.Contains(fix, "nodeAffinity") || !strings.HasPrefix(fix, "# No gang advice: ") ||
+		if strings.Contains(fix, "kind: PodGroup") || !strings.Contains(fix, KueueTopologyAnnotation) || !strings.HasPrefix(fix, "# No gang advice: ") ||
 			!strings.Contains(fix, "workers, with GPUs, is created only after") || strings.Contains(fix, "joins the group") {
-			t.Errorf("JobSet, driver then workers, %s: want no gang and the pin, with the reason first:\n%s", name, fix)
+			t.Errorf("JobSet, driver then workers, %s: want no gang and Kueue's advice, with the reason first:\n%s", name, fix)
 		}
 	}
 	// Created at once: the whole JobSet is the gang.
@@ -274,10 +274,10 @@ func TestGangSteps(t *testing.T) {
 	if n, labelled := gangOf(t, fix); n != 3 || len(labelled) != 2 {
 		t.Errorf("JobSet without steps: minCount %d, labelled %v; want 3, both templates:\n%s", n, labelled, fix)
 	}
-	// Without the JobSet analyze cannot tell: no gang, the pin, and why.
+	// Without the JobSet analyze cannot tell: no gang, Kueue's advice, and why.
 	fix = stepsFix(t, PodGroupsOn, "js", jobSet(nil)...)
-	if strings.Contains(fix, "kind: PodGroup") || !strings.Contains(fix, "nodeAffinity") || !strings.HasPrefix(fix, "# No gang advice: the dump holds no JobSet object") {
-		t.Errorf("JobSet not in the dump: want no gang and the pin, with the reason first:\n%s", fix)
+	if strings.Contains(fix, "kind: PodGroup") || !strings.Contains(fix, KueueTopologyAnnotation) || !strings.HasPrefix(fix, "# No gang advice: the dump holds no JobSet object") {
+		t.Errorf("JobSet not in the dump: want no gang and Kueue's advice, with the reason first:\n%s", fix)
 	}
 
 	// An MPIJob (mpi-operator v2beta1): the launcher may come once the
@@ -334,10 +334,10 @@ func TestGangSteps(t *testing.T) {
 		t.Errorf("the submitterPodTemplate is not whole, or sets a command: %+v\n%s", sub, fix)
 	}
 	// Not created yet (the cluster is not ready): KubeRay's default
-	// submitter, of the head's image, held to the zone all the same.
+	// submitter, of the head's image, in Kueue's advice all the same.
 	fix = stepsFix(t, PodGroupsOff, "tune", slices.Delete(slices.Clone(ray), 1, 2)...)
-	if !strings.Contains(fix, "submitterPodTemplate") || !strings.Contains(fix, "ray-job-submitter") || !strings.Contains(fix, "nodeAffinity") {
-		t.Errorf("the pin of a RayJob whose submitter is not created yet holds no default submitter:\n%s", fix)
+	if !strings.Contains(fix, "submitterPodTemplate") || !strings.Contains(fix, "ray-job-submitter") || !strings.Contains(fix, KueueTopologyAnnotation) {
+		t.Errorf("the advice of a RayJob whose submitter is not created yet holds no default submitter:\n%s", fix)
 	}
 }
 

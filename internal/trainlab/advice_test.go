@@ -31,16 +31,15 @@ import (
 
 // The advice cells (issue 43 item 3): kind x advice x case on one bed.
 var (
-	advices     = []string{"pin", "gang", "kueue"}
+	// The advice analyze gives: Kueue TAS (by default) and the native
+	// gang (--podgroups=on). The pin to the zone with room it gave until
+	// these cells ran is given no more: in every kind's zone-fills cell
+	// it left the pods that fit running and the rest Pending
+	// (half-placed; docs/runbooks.md keeps the figures).
+	advices     = []string{"kueue", "gang"}
 	adviceCases = []string{"room", "no-zone-fits", "zone-fills"}
-	// wantCell is what each advice must give in each case. The pin's
-	// zone-fills cell is a known gap, asserted so that it stays written
-	// down: the pin is computed from the room of the dump; a node of the
-	// pinned zone taken between the advice and the re-creation leaves the
-	// pods that fit running and the rest Pending (half-placed), which is
-	// why the runbook points at gang admission where capacity moves.
+	// wantCell is what each advice must give in each case.
 	wantCell = map[string]string{
-		"pin/room": "one-zone", "pin/no-zone-fits": "not-given", "pin/zone-fills": "half-placed",
 		"gang/room": "one-zone", "gang/no-zone-fits": "waits-whole", "gang/zone-fills": "waits-whole",
 		"kueue/room": "one-zone", "kueue/no-zone-fits": "waits-whole", "kueue/zone-fills": "waits-whole",
 	}
@@ -124,8 +123,8 @@ var adviceKinds = []adviceKind{
 		controller: "kuberay v1.6.0", framework: kueuelab.FrameworkRayJob, suspend: []string{"spec", "suspend"}},
 	// One group of a CPU-only leader and four workers of 4 GPUs: the job
 	// is the group, train-0.
-	// analyze gives it no gang, and says why (analyze.lwsNoGang): its pin is
-	// LWS's own exclusive topology.
+	// analyze gives it no gang, and says why (analyze.lwsNoGang): Kueue
+	// admits each group whole.
 	{name: "LeaderWorkerSet", short: "lws", gvr: trainlab.LWSGVR, pods: 5, manifest: adviceLWS, job: "train-0",
 		controller: "lws v0.8.0", framework: kueuelab.FrameworkLWS,
 		want: map[string]string{"gang/room": "not-given", "gang/no-zone-fits": "not-given", "gang/zone-fills": "not-given"}},
@@ -138,7 +137,7 @@ var trainerInitializers = []string{"dataset-initializer", "model-initializer"}
 const jobSetReplicatedJob = "jobset.sigs.k8s.io/replicatedjob-name"
 
 // TestAdviceCells (issue 43 item 3): each of analyze's pieces of advice —
-// the zone pin, the native gang + topology PodGroup (kube-scheduler
+// the native gang + topology PodGroup (kube-scheduler
 // v1.37.2 with its gates, the chart's PodGroup admission policy), Kueue
 // TAS (the real Kueue v0.17.0 manager with its integration of the kind) —
 // applied to the real custom resource as docs/runbooks.md tells a user
@@ -153,15 +152,12 @@ const jobSetReplicatedJob = "jobset.sigs.k8s.io/replicatedjob-name"
 // coordinators and four workers of 4 GPUs (16 GPUs), split unfixed (the
 // coordinators in the CPU zone). Cases: one zone has room; no zone fits
 // (the roomy zone has one node); a zone fills while the job starts (a pod
-// takes a node of the zone between the advice and the re-creation). The
-// Kueue advice is the one analyze gives for a job no zone holds: its cells
-// are dumped with one roomy node, and room appears (a second node joins
-// the zone the advice waits for) before the re-creation, except where no
-// zone fits. A job that waits whole must run whole once room appears (a
-// GPU node joins the zone it waits for): it waited, it was not stuck.
-// Each cell prints `advice-cell: kind=K advice=A case=C result=R`; the
-// test fails on a split, stuck or half-placed cell of the gang or Kueue,
-// and on any cell that is not wantCell's.
+// takes a node of the zone between the advice and the re-creation). A job
+// that waits whole must run whole once room appears (a GPU node joins the
+// zone it waits for): it waited, it was not stuck. Each cell prints
+// `advice-cell: kind=K advice=A case=C result=R`; the test fails on a
+// split, stuck or half-placed cell, on advice that pins a job to a zone
+// alone, and on any cell that is not wantCell's.
 func TestAdviceCells(t *testing.T) {
 	t.Parallel() // its own bed; mostly waits (beside TestAdviceCellsMPIJob)
 	runAdviceCells(t, adviceKinds)
@@ -235,7 +231,7 @@ func runAdviceCells(t *testing.T, kinds []adviceKind) {
 				want = w
 			}
 			switch {
-			case c.advice != "pin" && (c.result == "split" || c.result == "stuck" || c.result == "half-placed"):
+			case c.result == "split" || c.result == "stuck" || c.result == "half-placed":
 				t.Errorf("%s with the %s advice: %s (never split, stuck or half-placed)", c.kind.name, c.advice, c.result)
 			case c.result != want:
 				t.Errorf("%s with the %s advice, %s: %s, want %s", c.kind.name, c.advice, c.kase, c.result, want)
@@ -296,7 +292,7 @@ func (c *adviceCell) run(ctx context.Context) (_ string, rerr error) {
 	ns := c.name()
 	c.zoneOf, c.inZone = map[string]string{}, map[string]int{}
 	roomy := 2
-	if c.kase == "no-zone-fits" || c.advice == "kueue" {
+	if c.kase == "no-zone-fits" {
 		roomy = 1
 	}
 	if err := c.addGPUNode(ctx, "a"); err != nil {
@@ -353,17 +349,6 @@ func (c *adviceCell) run(ctx context.Context) (_ string, rerr error) {
 	first, _, _ := strings.Cut(fix, "\n")
 	var pg *schedulingv1beta1.PodGroup
 	switch c.advice {
-	case "pin":
-		if strings.HasPrefix(fix, "# No zone") {
-			if strings.Contains(fix, "nodeAffinity") && !strings.Contains(fix, analyze.KueueTopologyAnnotation) {
-				return "", fmt.Errorf("analyze says no zone fits and pins all the same:\n%s", fix)
-			}
-			c.logf("analyze: %s", first)
-			return "not-given", nil
-		}
-		if err := mergeYAML(job, fix); err != nil {
-			return "", err
-		}
 	case "gang":
 		if strings.HasPrefix(fix, "# No gang advice") {
 			c.logf("analyze: %s", first)
@@ -381,8 +366,8 @@ func (c *adviceCell) run(ctx context.Context) (_ string, rerr error) {
 			return "", err
 		}
 	case "kueue":
-		if !strings.HasPrefix(fix, "# No zone can hold") || !strings.Contains(fix, analyze.KueueTopologyAnnotation) {
-			return "", fmt.Errorf("analyze's advice for a job no zone holds is not Kueue's:\n%s", fix)
+		if err := c.checkKueueAdvice(fix); err != nil {
+			return "", err
 		}
 		if err := mergeYAML(job, strings.ReplaceAll(fix, "<LocalQueue of a TAS ResourceFlavor>", "gpu")); err != nil {
 			return "", err
@@ -402,12 +387,6 @@ func (c *adviceCell) run(ctx context.Context) (_ string, rerr error) {
 		// nodeAffinity (three pod sets or more, and no zone could hold
 		// the job): room appears there.
 		roomZone = "a"
-	}
-	if c.advice == "kueue" && c.kase != "no-zone-fits" {
-		// Room appears: a GPU node joins the zone the advice waits for.
-		if err := c.addGPUNode(ctx, roomZone); err != nil {
-			return "", err
-		}
 	}
 	if c.kase == "zone-fills" {
 		if err := c.fillNode(ctx, ns+"-other", c.gpuNode(roomZone, 0).Name); err != nil {
@@ -452,6 +431,25 @@ func (c *adviceCell) run(ctx context.Context) (_ string, rerr error) {
 		}
 	}
 	return r, nil
+}
+
+// checkKueueAdvice checks that analyze's default advice is Kueue's (the
+// required zone topology, the job queued), that it says whether a zone
+// has room now (the cell's roomy zone, unless no zone fits), and that it
+// gives no pin alone and says why.
+func (c *adviceCell) checkKueueAdvice(fix string) error {
+	want := []string{analyze.KueueTopologyAnnotation + ": topology.kubernetes.io/zone", analyze.KueueQueueLabel + ":"}
+	if c.kase == "no-zone-fits" {
+		want = append(want, "# No zone can hold every pod")
+	} else {
+		want = append(want, "# "+c.zone("b")+" has room for the whole job now", "# No pin to "+c.zone("b")+" is given")
+	}
+	for _, s := range want {
+		if !strings.Contains(fix, s) {
+			return fmt.Errorf("analyze's advice lacks %q:\n%s", s, fix)
+		}
+	}
+	return nil
 }
 
 // checkGroups checks that every pod of the job joined the PodGroup but the
