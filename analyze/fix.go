@@ -159,7 +159,9 @@ func roomFix(j *Job, pods *jobPods, nodes map[string]nodeInfo, zone, need string
 		zone, need, roomSummary(rooms))
 	b.WriteString(noPin(zone))
 	b.WriteString("# On Kubernetes 1.37 with GenericWorkload and TopologyAwareWorkloadScheduling on, analyze --podgroups=on gives the native gang instead.\n")
-	b.WriteString("# Pods without GPUs tolerate the GPU nodes' taints so that they fit the GPU zone's flavor with their workers.\n")
+	if len(allZoneTolerations(pods, nodes, rooms)) > 0 {
+		b.WriteString("# Pods without GPUs tolerate the GPU nodes' taints so that they fit the GPU zone's flavor with their workers.\n")
+	}
 	b.WriteString(note)
 	b.Write(body)
 	return b.String()

@@ -47,8 +47,8 @@ func TestCiliumLabDemo(t *testing.T) {
 	step("starting one zonewatch exporter per node, in the node's namespaces, with the chart's args, ServiceAccount and securityContext")
 	addrs := startLabExporters(t, lab, api, gpus)
 
-	step("starting the Kubeflow training operator v1.9.3 against the lab's apiserver, with its CRDs and webhooks (internal/trainlab)")
-	op := startLabOperator(t, lab, sl)
+	step("starting the Kubeflow training operator v1.9.3 against the lab's apiserver, with its CRDs and webhooks (internal/trainlab), and Kueue v0.17.0 with its PyTorchJob integration and an administrator's one-time topology-aware setup: a Topology of zone and hostname, a ResourceFlavor of the GPU nodes, a ClusterQueue, the LocalQueue ml-team/%s (internal/kueuelab)", labQueue)
+	op := startLabOperator(t, lab, sl, "ml-team")
 	step("applying the zone fence ml-team/zone-isolation (ml-team pods accept only their own zone) and three PyTorchJobs, pods wired by cilium-cni")
 	step("bert-slow and resnet-healthy are placed by the lab; llm-blocked is this PyTorchJob, its pods made by the training operator and placed by kube-scheduler:\n%s", blockedJobYAML)
 	sc := startLabScenarioWith(ctx, t, lab, op)
@@ -116,7 +116,7 @@ func TestCiliumLabDemo(t *testing.T) {
 	stops[0]()
 	fix, cmd := sc.fix(ctx, t, lab, gpus, dir)
 	step("$ %s\n    Fix:\n%s", cmd, indent(fix, "      "))
-	step("added to llm-blocked's manifest; the PyTorchJob deleted and re-created from it, the training operator made its pods again; kube-scheduler placed every one in %s:", sc.blocked.zones()[0])
+	step("added to llm-blocked's manifest, the LocalQueue named (%s); the PyTorchJob deleted and re-created from it: Kueue admitted it whole into one zone with room, the training operator made its pods again, kube-scheduler bound every one in %s:", labQueue, sc.blocked.zones()[0])
 	for _, p := range sc.blocked.pods() {
 		step("  %s on %s (%s): %s (%s: %s)", p.Ref(), p.Node.Name, p.Node.Zone, p.IP, p.ScheduledBy, p.Scheduled)
 	}

@@ -12,6 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/zonewatch/zonewatch/internal/ciliumlab"
+	"github.com/zonewatch/zonewatch/internal/kueuelab"
 	"github.com/zonewatch/zonewatch/internal/schedlab"
 	"github.com/zonewatch/zonewatch/internal/trainlab"
 )
@@ -24,19 +25,40 @@ import (
 // here (its garbage collector would delete the lab's control pods, whose
 // owners the lab names but never creates): the demo deletes a deleted
 // job's pods and Services itself, as the garbage collector and the
-// kubelet would.
+// kubelet would. Beside it, Kueue v0.17.0 (internal/kueuelab, its
+// PyTorchJob integration) with the administrator's one-time setup:
+// analyze's fix queues the job to Kueue's topology-aware scheduling.
 type labOperator struct {
-	bed *trainlab.Bed
-	lab *ciliumlab.Lab
+	bed   *trainlab.Bed
+	lab   *ciliumlab.Lab
+	kueue *kueuelab.Lab
 }
 
-func startLabOperator(t *testing.T, lab *ciliumlab.Lab, sl *schedlab.Lab) *labOperator {
+// labQueue is the LocalQueue of a TAS ResourceFlavor (the lab's GPU nodes)
+// that the fix's job is queued to in its namespace.
+const labQueue = "gpu"
+
+func startLabOperator(t *testing.T, lab *ciliumlab.Lab, sl *schedlab.Lab, namespace string) *labOperator {
 	t.Helper()
 	began := time.Now()
 	bed := trainlab.On(t, sl)
 	bed.StartTrainingOperator(t)
 	t.Logf("training-operator v1.9.3 up, its webhooks called, in %s", time.Since(began).Round(time.Millisecond))
-	return &labOperator{bed: bed, lab: lab}
+	began = time.Now()
+	kq := kueuelab.Attach(t, sl, kueuelab.FrameworkPyTorchJob)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := sl.EnsureNamespace(ctx, namespace, map[string]string{kueuelab.NamespaceLabel: "true"}); err != nil {
+		t.Fatal(err)
+	}
+	if ns, err := sl.Client.CoreV1().Namespaces().Get(ctx, namespace, metav1.GetOptions{}); err != nil || ns.Labels[kueuelab.NamespaceLabel] != "true" {
+		t.Fatalf("namespace %s is not under Kueue (made before the operator?): %v %v", namespace, err, ns.GetLabels())
+	}
+	if err := kq.QueuesOn(ctx, "lab", namespace, gpuNodeLabels); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("Kueue v0.17.0 up (PyTorchJob integration, TAS LocalQueue %s/%s of the GPU nodes) in %s", namespace, labQueue, time.Since(began).Round(time.Millisecond))
+	return &labOperator{bed: bed, lab: lab, kueue: kq}
 }
 
 // place creates the PyTorchJob and returns its pods once the operator

@@ -340,34 +340,31 @@ func (sc *labScenario) simulateGPUs(g *labGPUs) {
 
 // fix is what an engineer does with the page: run zonewatch's analyze on
 // the cluster's nodes and pods (dumped into dir), add the fix it prints to
-// llm-blocked's manifest, delete the job's pods (CNI DEL and delete) and
-// let the training operator re-create them from the fixed manifest: the
-// scheduler places them again. It fails the test unless every pod was
-// bound by the scheduler, in one zone, none Pending. It returns the fix
-// and the analyze command line.
+// llm-blocked's manifest (Kueue's: the LocalQueue it asks for named), and
+// re-create the PyTorchJob: Kueue admits it into one zone, the training
+// operator makes its pods, the scheduler places them. It fails the test
+// unless every pod was bound by the scheduler, in one zone, none Pending.
+// It returns the fix and the analyze command line.
 func (sc *labScenario) fix(ctx context.Context, t *testing.T, lab *ciliumlab.Lab, gpus *labGPUs, dir string) (fix, cmd string) {
 	t.Helper()
+	if sc.op == nil {
+		t.Fatal("analyze's fix is Kueue's: the scenario needs the training operator and Kueue (startLabOperator)")
+	}
 	rep, cmd := analyzeLab(ctx, t, lab, dir, sc.blocked.ns, sc.blocked.name)
 	if !rep.SplitZone || rep.SuggestedFix == "" {
 		t.Fatalf("analyze: %s/%s split %v, verdict %s, no fix", rep.Namespace, rep.JobName, rep.SplitZone, rep.Verdict)
 	}
+	if !strings.Contains(rep.SuggestedFix, queuePlaceholder) {
+		t.Fatalf("analyze's fix queues the job to no LocalQueue:\n%s", rep.SuggestedFix)
+	}
 	var patch map[string]any
-	if err := yaml.Unmarshal([]byte(rep.SuggestedFix), &patch); err != nil {
+	if err := yaml.Unmarshal([]byte(strings.ReplaceAll(rep.SuggestedFix, queuePlaceholder, labQueue)), &patch); err != nil {
 		t.Fatalf("analyze's fix is not YAML: %v\n%s", err, rep.SuggestedFix)
 	}
 	fixed := sc.blockedJob.Copy()
 	schedlab.Merge(fixed.Manifest, patch)
 	sc.blockedJob = fixed
-	if sc.op != nil {
-		sc.blocked = sc.op.replace(ctx, t, sc.blocked, fixed)
-	} else {
-		for _, p := range sc.blocked.pods() {
-			if err := p.Delete(ctx); err != nil {
-				t.Fatal(err)
-			}
-		}
-		sc.blocked = scheduleJob(ctx, t, lab, fixed)
-	}
+	sc.blocked = sc.op.replace(ctx, t, sc.blocked, fixed)
 	if z := sc.blocked.zones(); len(z) != 1 {
 		t.Fatalf("with analyze's fix the scheduler placed llm-blocked in %v: %s\nfix:\n%s", z, sc.blocked.placement(), rep.SuggestedFix)
 	}
@@ -382,6 +379,9 @@ func (sc *labScenario) fix(ctx context.Context, t *testing.T, lab *ciliumlab.Lab
 	gpus.setJob(sc.blocked, gpuTraining)
 	return rep.SuggestedFix, cmd
 }
+
+// queuePlaceholder is where analyze's fix asks for the user's LocalQueue.
+const queuePlaceholder = "<LocalQueue of a TAS ResourceFlavor>"
 
 // loop runs the job's exchange again and again until ctx ends and returns
 // what it did in total: the blocked job's workers retrying the rendezvous
@@ -849,7 +849,7 @@ func TestCiliumLab(t *testing.T) {
 	inLane(t)
 	began := time.Now()
 	lab, api, tools, sl := startCiliumLabSched(t, ciliumlab.Config{Nodes: labNodes, Relay: true})
-	op := startLabOperator(t, lab, sl)
+	op := startLabOperator(t, lab, sl, "ml-team")
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
 	t.Logf("lab start: %s (apiserver and four agents ready, each knowing every node)", lab.StartTime.Round(time.Millisecond))

@@ -373,7 +373,16 @@ func (l *Lab) Create(ctx context.Context, gvr schema.GroupVersionResource, obj m
 // ResourceFlavor of the cell's GPU nodes in it, a ClusterQueue with room
 // for any job and a LocalQueue "gpu" in namespace.
 func (l *Lab) Queues(ctx context.Context, cell, namespace string) error {
-	name := cell
+	return l.QueuesOn(ctx, cell, namespace, map[string]string{"nvidia.com/gpu.present": "true", schedlab.LabelCell: cell})
+}
+
+// QueuesOn is Queues for the nodes of nodeLabels, the Topology, flavor
+// and ClusterQueue named name.
+func (l *Lab) QueuesOn(ctx context.Context, name, namespace string, nodeLabels map[string]string) error {
+	flavorLabels := map[string]any{}
+	for k, v := range nodeLabels {
+		flavorLabels[k] = v
+	}
 	objs := []struct {
 		gvr schema.GroupVersionResource
 		obj map[string]any
@@ -381,7 +390,7 @@ func (l *Lab) Queues(ctx context.Context, cell, namespace string) error {
 		{TopologyGVR, map[string]any{"apiVersion": APIVersion, "kind": "Topology", "metadata": map[string]any{"name": name},
 			"spec": map[string]any{"levels": []any{map[string]any{"nodeLabel": schedlab.LabelZone}, map[string]any{"nodeLabel": schedlab.LabelHostname}}}}},
 		{FlavorGVR, map[string]any{"apiVersion": APIVersion, "kind": "ResourceFlavor", "metadata": map[string]any{"name": name},
-			"spec": map[string]any{"nodeLabels": map[string]any{"nvidia.com/gpu.present": "true", schedlab.LabelCell: cell}, "topologyName": name}}},
+			"spec": map[string]any{"nodeLabels": flavorLabels, "topologyName": name}}},
 		{CQGVR, map[string]any{"apiVersion": APIVersion, "kind": "ClusterQueue", "metadata": map[string]any{"name": name},
 			"spec": map[string]any{"namespaceSelector": map[string]any{}, "resourceGroups": []any{map[string]any{
 				"coveredResources": []any{"cpu", "memory", string(schedlab.GPUResource)},
