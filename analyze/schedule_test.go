@@ -302,7 +302,7 @@ func runCell(ctx context.Context, lab *schedlab.Lab, b bed, cell string, shape *
 			if os.Getenv("ZONEWATCH_SCHEDLAB_DEBUG") != "" {
 				fmt.Fprintf(os.Stderr, "%s %s %s fix:\n%s\n", cell, shape.Name, order, fix)
 			}
-			if err := checkRoomAdvice(fix, b.roomy); err != nil {
+			if err := checkRoomAdvice(fix, b.roomy, shape.Kind); err != nil {
 				return out, err
 			}
 		case "admission policy":
@@ -327,14 +327,19 @@ var zoneValue = regexp.MustCompile(`(?m)^\s*- (\S+-us-east-1[a-z])$`)
 // Kueue TAS (the required topology on the templates, the job queued), the
 // zone named as the one with room, no pin to it alone, and said why; a
 // nodeAffinity (a job of three pod sets or more, for Kueue) holds only
-// that zone.
-func checkRoomAdvice(fix, zone string) error {
+// that zone. A Volcano Job's fix is its pin to zone with minAvailable of
+// every pod (Volcano's gang; Kueue has no integration of it).
+func checkRoomAdvice(fix, zone, kind string) error {
 	var patch map[string]any
 	if err := yaml.Unmarshal([]byte(fix), &patch); err != nil || patch["spec"] == nil {
 		return fmt.Errorf("the fix is not a YAML fragment (%v):\n%s", err, fix)
 	}
-	for _, s := range []string{KueueTopologyAnnotation + ": topology.kubernetes.io/zone", KueueQueueLabel + ":",
-		"# " + zone + " has room for the whole job now", "# No pin to " + zone + " is given"} {
+	want := []string{KueueTopologyAnnotation + ": topology.kubernetes.io/zone", KueueQueueLabel + ":",
+		"# " + zone + " has room for the whole job now", "# No pin to " + zone + " is given"}
+	if kind == "VolcanoJob" {
+		want = []string{"minAvailable: ", "- " + zone + "\n", "# " + zone + " has room for the whole job now"}
+	}
+	for _, s := range want {
 		if !strings.Contains(fix, s) {
 			return fmt.Errorf("the fix lacks %q:\n%s", s, fix)
 		}

@@ -34,7 +34,7 @@ func overview(o Options) (dashboard.Dashboard, error) {
 	// Row 1: the numbers a NOC reads first.
 	b.WithRow(g.row("Now")).
 		WithPanel(g.stat("Split GPU jobs",
-			"Training jobs whose pods run in more than one zone right now. Above zero: find the job in the table below, open its drill-down, and pin the job to one zone (podAffinity on topology.kubernetes.io/zone; runbook: Keep a training job in one zone).",
+			"Training jobs whose pods run in more than one zone right now. Above zero: find the job in the table below, open its drill-down, and re-create the job with the fix zonewatch-exporter analyze prints (gang admission into one zone: Kueue TAS, or the native gang; runbook: Keep a training job in one zone).",
 			units.NoUnit,
 			instantQ("sum("+split+")", "")).
 			Links(g.runbookLinks(runbookOneZone)).
