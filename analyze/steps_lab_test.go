@@ -158,13 +158,11 @@ func runStepsCell(ctx context.Context, lab *schedlab.Lab, cell string, shape *sc
 		return advice + ": " + got, err
 	}
 	out := advice + ": " + got
-	if pg != nil {
-		if err := lab.DeletePods(ctx, ns); err != nil {
-			return out, err
-		}
-		if err := lab.DeletePodGroups(ctx, ns); err != nil {
-			return out, err
-		}
+	if err := lab.DeletePods(ctx, ns); err != nil {
+		return out, err
+	}
+	if err := lab.DeletePodGroups(ctx, ns); err != nil {
+		return out, err
 	}
 	return out, nil
 }
@@ -174,7 +172,7 @@ func runStepsCell(ctx context.Context, lab *schedlab.Lab, cell string, shape *sc
 // says where the job's running pods ended. With a bed (the fixed job), a
 // step left unbound is a gang waiting whole until room appears (one GPU
 // node joins the roomy zone, "no zone fits") or stuck; only the pods that
-// joined the advice (its label or pin) must be in one zone, the others
+// joined the advice (its label) must be in one zone, the others
 // are named.
 func runSteps(ctx context.Context, lab *schedlab.Lab, cell string, shape *schedlab.StepShape, j *schedlab.Job, capacity string, b *bed) (string, error) {
 	steps, err := shape.Steps(j)
