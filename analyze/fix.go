@@ -92,8 +92,9 @@ func suggestedFix(j *Job, pods *jobPods, nodes map[string]nodeInfo, used map[str
 		return kueuePreferredFix(j, pods, nodes, need, rooms)
 	}
 	if j.JobKind == "VolcanoJob" {
+		// Kueue has no integration of a Volcano Job: Volcano's own gang.
 		if len(zones) == 0 {
-			return noRoomFix(j, pods, nodes, need, rooms)
+			return volcanoNoRoomFix(j, pods, need, rooms)
 		}
 		return volcanoFix(j, pods, nodes, zones[0], need, rooms)
 	}
@@ -164,6 +165,25 @@ func roomFix(j *Job, pods *jobPods, nodes map[string]nodeInfo, zone, need string
 	}
 	b.WriteString(note)
 	b.Write(body)
+	return b.String()
+}
+
+// volcanoNoRoomFix: no zone can hold a Volcano Job now; a pin would leave
+// pods Pending, and Kueue does not manage Volcano Jobs. Volcano's gang
+// kept in one tier-1 HyperNode per zone (networkTopology) waits whole for
+// a zone with room: read from the source, UNTESTED.
+func volcanoNoRoomFix(j *Job, pods *jobPods, need string, rooms []zoneRoom) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "# No zone can hold every pod of VolcanoJob %s/%s now (%s; free GPUs by zone: %s).\n",
+		j.Namespace, j.JobName, need, roomSummary(rooms))
+	b.WriteString("# Pinning it to one zone would leave pods Pending, and Kueue does not manage Volcano Jobs. Free room in one zone (or shrink the job),\n")
+	b.WriteString("# or let Volcano's scheduler keep the gang in one zone and wait for room there: add this to its manifest and re-create the job.\n")
+	lines := volcanoLines(len(pods.demand))
+	b.WriteString(strings.Join(lines.spec, "\n") + "\n")
+	fmt.Fprintf(&b, "# UNTESTED (read from %s, not run here): with one tier-1 HyperNode per zone, the administrator's, once per zone:\n", VolcanoRelease)
+	for _, l := range lines.hyperNode {
+		b.WriteString("# " + l + "\n")
+	}
 	return b.String()
 }
 
