@@ -5,11 +5,13 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
 	"github.com/zonewatch/zonewatch/internal/ciliumlab"
 	"github.com/zonewatch/zonewatch/internal/kueuelab"
@@ -147,3 +149,26 @@ func (o *labOperator) replace(ctx context.Context, t *testing.T, old *labJob, fi
 }
 
 const jobNameLabel = "training.kubeflow.org/job-name"
+
+// logWorkloads logs how Kueue came to admit the namespace's jobs: each
+// Workload's conditions, seconds after the Workload was made.
+func (o *labOperator) logWorkloads(ctx context.Context, t *testing.T, ns string) {
+	t.Helper()
+	wls, err := o.kueue.Workloads(ctx, ns)
+	if err != nil {
+		t.Errorf("Kueue's Workloads in %s: %v", ns, err)
+		return
+	}
+	for _, wl := range wls {
+		made := wl.GetCreationTimestamp().Time
+		conds, _, _ := unstructured.NestedSlice(wl.Object, "status", "conditions")
+		var lines []string
+		for _, c := range conds {
+			c, _ := c.(map[string]any)
+			at, _ := time.Parse(time.RFC3339, fmt.Sprint(c["lastTransitionTime"]))
+			lines = append(lines, fmt.Sprintf("%v=%v at +%s (%v: %v)", c["type"], c["status"], at.Sub(made).Round(time.Second), c["reason"], c["message"]))
+		}
+		t.Logf("Kueue Workload %s/%s: %s", ns, wl.GetName(), strings.Join(lines, "; "))
+	}
+
+}

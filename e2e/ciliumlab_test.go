@@ -365,6 +365,7 @@ func (sc *labScenario) fix(ctx context.Context, t *testing.T, lab *ciliumlab.Lab
 	schedlab.Merge(fixed.Manifest, patch)
 	sc.blockedJob = fixed
 	sc.blocked = sc.op.replace(ctx, t, sc.blocked, fixed)
+	sc.op.logWorkloads(ctx, t, sc.blocked.ns)
 	if z := sc.blocked.zones(); len(z) != 1 {
 		t.Fatalf("with analyze's fix the scheduler placed llm-blocked in %v: %s\nfix:\n%s", z, sc.blocked.placement(), rep.SuggestedFix)
 	}
@@ -941,7 +942,21 @@ func TestCiliumLab(t *testing.T) {
 			}
 			return out
 		}
+		// The counts stand still first: a flow event still on its way
+		// from an agent's ring, or bytes a conntrack poll (10 s) has not
+		// read yet, would otherwise count after the restart (seen once: a
+		// tenth resnet-healthy flow event, late).
 		before := read()
+		for still, start := time.Now(), time.Now(); time.Since(still) < 12*time.Second; {
+			if time.Since(start) > time.Minute {
+				t.Fatalf("the counts did not stand still for 12 s in a minute (traffic left running?): %+v", before)
+			}
+			time.Sleep(2 * time.Second)
+			if now := read(); !maps.Equal(now, before) {
+				t.Logf("counts still moving before the restart: %+v, then %+v", before, now)
+				before, still = now, time.Now()
+			}
+		}
 		reconnects := sumExporters(t, addrs, "zonewatch_hubble_reconnects_total", nil)
 		n := lab.Node("gpu-a1") // zone a's first GPU node: most of the workers' flows and egress entries
 		began := time.Now()
