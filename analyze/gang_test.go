@@ -236,6 +236,11 @@ func runGangCell(ctx context.Context, lab *schedlab.Lab, cell string, shape *sch
 				if err := mergeFix(j, docs[1]); err != nil {
 					return out, msg, err
 				}
+			} else if strings.Contains(gang, "\n  schedulerName: volcano\n") {
+				// A Volcano Job with no zone of room: Volcano's gang in
+				// one HyperNode, which only Volcano's scheduler places.
+				out[cond] = "not run (Volcano's scheduler)"
+				continue
 			} else if err := mergeFix(j, gang); err != nil { // LeaderWorkerSet, Volcano Job: their own advice
 				return out, msg, err
 			}
