@@ -57,6 +57,9 @@ const (
 	KueuePreferredTopologyAnnotation = "kueue.x-k8s.io/podset-preferred-topology"
 	// KueueQueueLabel queues a job to a LocalQueue.
 	KueueQueueLabel = "kueue.x-k8s.io/queue-name"
+	// KueueQueuePlaceholder stands in the advice for the user's
+	// LocalQueue, which the dump does not name.
+	KueueQueuePlaceholder = "<LocalQueue of a TAS ResourceFlavor>"
 	// TrainJobPatchManager names zonewatch's entry of a TrainJob's
 	// spec.runtimePatches.
 	TrainJobPatchManager = "zonewatch.io/analyze"
@@ -136,14 +139,7 @@ func noPin(zone string) string {
 // free GPUs). Kueue TAS admits the job whole into a zone with room, that
 // one while it still has room, and creates no pod before.
 func roomFix(j *Job, pods *jobPods, nodes map[string]nodeInfo, zone, need string, rooms []zoneRoom) string {
-	where, spec, note := kueueTemplates(j, pods, nodes, rooms, KueueTopologyAnnotation)
-	body, err := yaml.Marshal(map[string]any{
-		"metadata": map[string]any{"labels": map[string]any{KueueQueueLabel: "<LocalQueue of a TAS ResourceFlavor>"}},
-		"spec":     spec,
-	})
-	if err != nil {
-		return "" // maps of strings always marshal
-	}
+	where, note, body := kueueQueued(j, pods, nodes, rooms)
 	var b strings.Builder
 	if j.JobKind == "LeaderWorkerSet" && pods.set != "" {
 		fmt.Fprintf(&b, "# Keep each group of LeaderWorkerSet %s/%s in one zone (group %s is split): Kueue topology-aware scheduling admits each group\n",
@@ -236,14 +232,7 @@ func needOf(pods *jobPods) string {
 // Pending, so the advice is gang admission: Kueue admits the job only
 // into a zone with room for every pod set, and creates no pod before.
 func noRoomFix(j *Job, pods *jobPods, nodes map[string]nodeInfo, need string, rooms []zoneRoom) string {
-	where, spec, note := kueueTemplates(j, pods, nodes, rooms, KueueTopologyAnnotation)
-	body, err := yaml.Marshal(map[string]any{
-		"metadata": map[string]any{"labels": map[string]any{KueueQueueLabel: "<LocalQueue of a TAS ResourceFlavor>"}},
-		"spec":     spec,
-	})
-	if err != nil {
-		return ""
-	}
+	where, note, body := kueueQueued(j, pods, nodes, rooms)
 	var b strings.Builder
 	fmt.Fprintf(&b, "# No zone can hold every pod of %s %s/%s now (%s; free GPUs by zone: %s).\n",
 		j.JobKind, j.Namespace, j.JobName, need, roomSummary(rooms))
@@ -504,6 +493,17 @@ func sortedKeys(m map[string]bool) []string {
 	}
 	sort.Strings(out)
 	return out
+}
+
+// kueueQueued is Kueue's required-topology advice as YAML: the job queued
+// (KueueQueuePlaceholder) and its templates from kueueTemplates.
+func kueueQueued(j *Job, pods *jobPods, nodes map[string]nodeInfo, rooms []zoneRoom) (where, note string, body []byte) {
+	where, spec, note := kueueTemplates(j, pods, nodes, rooms, KueueTopologyAnnotation)
+	body, _ = yaml.Marshal(map[string]any{ // maps of strings always marshal
+		"metadata": map[string]any{"labels": map[string]any{KueueQueueLabel: KueueQueuePlaceholder}},
+		"spec":     spec,
+	})
+	return where, note, body
 }
 
 // kueueTemplates lays Kueue TAS's annotations (topology, of kind

@@ -117,7 +117,7 @@ func runKueueManyCell(ctx context.Context, lab *kueuelab.Lab, cell string, shape
 		return "", fmt.Errorf("analyze's advice is not Kueue's held to %s, without a podset group:\n%s", b.roomy, advice)
 	}
 	var patch map[string]any
-	if err := yaml.Unmarshal([]byte(strings.ReplaceAll(advice, "<LocalQueue of a TAS ResourceFlavor>", "gpu")), &patch); err != nil {
+	if err := yaml.Unmarshal([]byte(strings.ReplaceAll(advice, KueueQueuePlaceholder, "gpu")), &patch); err != nil {
 		return "", fmt.Errorf("the advice is not YAML: %v\n%s", err, advice)
 	}
 	if !fixed {

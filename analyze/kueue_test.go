@@ -261,5 +261,5 @@ func kueueAdvice(ctx context.Context, lab *schedlab.Lab, cell string, shape *sch
 	if !strings.HasPrefix(fix, "# No zone can hold") || !strings.Contains(fix, KueueTopologyAnnotation) {
 		return "", fmt.Errorf("analyze's advice for a job no zone holds is not Kueue's:\n%s", fix)
 	}
-	return strings.ReplaceAll(fix, "<LocalQueue of a TAS ResourceFlavor>", "gpu"), nil
+	return strings.ReplaceAll(fix, KueueQueuePlaceholder, "gpu"), nil
 }

@@ -28,6 +28,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	"sigs.k8s.io/yaml"
 
+	"github.com/zonewatch/zonewatch/analyze"
 	"github.com/zonewatch/zonewatch/internal/ciliumlab"
 	"github.com/zonewatch/zonewatch/internal/schedlab"
 	"github.com/zonewatch/zonewatch/internal/testenv"
@@ -354,11 +355,11 @@ func (sc *labScenario) fix(ctx context.Context, t *testing.T, lab *ciliumlab.Lab
 	if !rep.SplitZone || rep.SuggestedFix == "" {
 		t.Fatalf("analyze: %s/%s split %v, verdict %s, no fix", rep.Namespace, rep.JobName, rep.SplitZone, rep.Verdict)
 	}
-	if !strings.Contains(rep.SuggestedFix, queuePlaceholder) {
+	if !strings.Contains(rep.SuggestedFix, analyze.KueueQueuePlaceholder) {
 		t.Fatalf("analyze's fix queues the job to no LocalQueue:\n%s", rep.SuggestedFix)
 	}
 	var patch map[string]any
-	if err := yaml.Unmarshal([]byte(strings.ReplaceAll(rep.SuggestedFix, queuePlaceholder, labQueue)), &patch); err != nil {
+	if err := yaml.Unmarshal([]byte(strings.ReplaceAll(rep.SuggestedFix, analyze.KueueQueuePlaceholder, labQueue)), &patch); err != nil {
 		t.Fatalf("analyze's fix is not YAML: %v\n%s", err, rep.SuggestedFix)
 	}
 	fixed := sc.blockedJob.Copy()
@@ -380,9 +381,6 @@ func (sc *labScenario) fix(ctx context.Context, t *testing.T, lab *ciliumlab.Lab
 	gpus.setJob(sc.blocked, gpuTraining)
 	return rep.SuggestedFix, cmd
 }
-
-// queuePlaceholder is where analyze's fix asks for the user's LocalQueue.
-const queuePlaceholder = "<LocalQueue of a TAS ResourceFlavor>"
 
 // loop runs the job's exchange again and again until ctx ends and returns
 // what it did in total: the blocked job's workers retrying the rendezvous

@@ -369,7 +369,7 @@ func (c *adviceCell) run(ctx context.Context) (_ string, rerr error) {
 		if err := c.checkKueueAdvice(fix); err != nil {
 			return "", err
 		}
-		if err := mergeYAML(job, strings.ReplaceAll(fix, "<LocalQueue of a TAS ResourceFlavor>", "gpu")); err != nil {
+		if err := mergeYAML(job, strings.ReplaceAll(fix, analyze.KueueQueuePlaceholder, "gpu")); err != nil {
 			return "", err
 		}
 		if err := c.kueue.Queues(ctx, ns, ns); err != nil {
